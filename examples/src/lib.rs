@@ -1,0 +1,1 @@
+//! Examples of embedding gpu-stack; see the `examples/*.rs` programs in this package.

@@ -1,0 +1,4 @@
+//! gpu-stack-core: the pure decisions of gpu-stack.
+//!
+//! No I/O and no async runtime live here: every function takes data and returns
+//! data, so the operator, the node agents and the CLI share one tested brain.

@@ -1,0 +1,1 @@
+//! gpu-stack-k8s: the cluster side effects of gpu-stack.

@@ -1,0 +1,1 @@
+//! gpu-stack-nvml: the GPU side effects of gpu-stack.

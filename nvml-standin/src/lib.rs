@@ -1,0 +1,1 @@
+//! A stand-in libnvidia-ml for tests.

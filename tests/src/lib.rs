@@ -1,0 +1,1 @@
+//! Helpers for gpu-stack's end-to-end tests.
