@@ -1,12 +1,40 @@
-//! `gpu-stack`: the command-line entry point (MIG planning, GPUs, demo).
-use clap::Parser;
+//! `gpu-stack`: MIG planning, GPU inventory and the embedded demo.
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use gpu_stack_bins::cli;
 
 /// gpu-stack: run NVIDIA GPUs on Kubernetes.
 #[derive(Parser)]
 #[command(name = "gpu-stack", version, about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    Ok(())
+#[derive(Subcommand)]
+enum Command {
+    /// Plan, validate and apply MIG layouts.
+    Mig(cli::mig::Args),
+    /// Show GPUs, MIG state and health events from a GPU backend.
+    Gpus(cli::gpus::Args),
+    /// Run the operator and node agents against an in-memory cluster and simulated GPUs.
+    Demo(cli::demo::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Mig(args) => cli::mig::run(args),
+        Command::Gpus(args) => cli::gpus::run(args),
+        Command::Demo(args) => cli::demo::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            // 2 = bad input or a failure to act; 1 is reserved for "checked, and the answer is no".
+            ExitCode::from(2)
+        }
+    }
 }

@@ -1,0 +1,4 @@
+//! Subcommands of `gpu-stack`.
+pub mod demo;
+pub mod gpus;
+pub mod mig;
