@@ -1,1 +1,2 @@
 //! gpu-stack-k8s: the cluster side effects of gpu-stack.
+pub mod deviceplugin;

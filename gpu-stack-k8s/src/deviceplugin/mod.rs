@@ -1,0 +1,9 @@
+//! Kubelet device plugin API v1beta1: generated gRPC types, the plugin server,
+//! registration with the kubelet and the kubelet-restart watch.
+
+/// Types and gRPC stubs generated at build time from
+/// `proto/deviceplugin/v1beta1/api.proto` (upstream field names and numbers).
+pub mod api {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    tonic::include_proto!("v1beta1");
+}
