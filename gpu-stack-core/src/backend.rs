@@ -1,0 +1,732 @@
+//! The GPU seam: the [`GpuBackend`] trait every node agent is composed on, and the
+//! plain data it speaks.
+//!
+//! Two implementations live in `gpu-stack-nvml`: one over the NVIDIA driver (NVML)
+//! and one over simulated GPUs described by a fleet file. Agents only see this
+//! trait, so the device plugin, the exporter, feature discovery and the MIG manager
+//! run unchanged on a laptop.
+//!
+//! The trait is synchronous (NVML is) and object-safe; async callers wrap calls in
+//! `spawn_blocking`. Nothing NVIDIA-library specific leaks through: profile and
+//! placement numbers are the hardware's (the ones `nvidia-smi mig -lgip/-lgipp`
+//! print), errors are a small closed set modelled on NVML's return codes, and every
+//! telemetry field says separately whether it is unsupported or failed.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Why a backend call failed. The variants mirror the NVML return codes an agent
+/// has to react to differently; everything else is [`BackendError::Other`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum BackendError {
+    /// The GPU library could not be loaded or initialised (no driver, wrong path).
+    #[error(
+        "GPU library unavailable: {detail} (is the NVIDIA driver installed? pass --nvml-lib PATH to point at libnvidia-ml.so.1)"
+    )]
+    LibraryUnavailable {
+        /// What failed, with the path tried.
+        detail: String,
+    },
+    /// The library lacks a function this call needs (driver too old).
+    #[error(
+        "the GPU library has no function {symbol} (driver too old for this operation; upgrade the driver)"
+    )]
+    MissingFunction {
+        /// The missing C symbol.
+        symbol: String,
+    },
+    /// No GPU with this index, or no instance with this id.
+    #[error("not found: {what}")]
+    NotFound {
+        /// What was looked up.
+        what: String,
+    },
+    /// The device or the driver does not support the operation.
+    #[error("not supported on GPU {gpu}: {operation}")]
+    NotSupported {
+        /// GPU index.
+        gpu: u32,
+        /// The operation refused.
+        operation: String,
+    },
+    /// The caller lacks the privilege (MIG changes need root / CAP_SYS_ADMIN).
+    #[error("no permission on GPU {gpu} for {operation} (run as root or with CAP_SYS_ADMIN)")]
+    NoPermission {
+        /// GPU index.
+        gpu: u32,
+        /// The operation refused.
+        operation: String,
+    },
+    /// The resource is busy: processes are running, or a GPU instance still has
+    /// compute instances, or MIG mode is not in the state the call needs.
+    #[error("in use on GPU {gpu}: {detail}")]
+    InUse {
+        /// GPU index.
+        gpu: u32,
+        /// What holds it.
+        detail: String,
+    },
+    /// Not enough free slices (overlapping placement, profile count exhausted).
+    #[error("insufficient resources on GPU {gpu}: {detail}")]
+    InsufficientResources {
+        /// GPU index.
+        gpu: u32,
+        /// What did not fit.
+        detail: String,
+    },
+    /// An argument is invalid for this device (unknown profile id, placement not
+    /// offered by the device).
+    #[error("invalid argument for GPU {gpu}: {detail}")]
+    InvalidArgument {
+        /// GPU index.
+        gpu: u32,
+        /// What was wrong and what is allowed.
+        detail: String,
+    },
+    /// The GPU fell off the bus or stopped answering; it needs a reset or reboot.
+    #[error(
+        "GPU {gpu} is lost (fell off the bus or stopped answering); reset the GPU or reboot the node"
+    )]
+    GpuLost {
+        /// GPU index.
+        gpu: u32,
+    },
+    /// The call did not finish in time.
+    #[error("timed out: {operation}")]
+    Timeout {
+        /// The operation.
+        operation: String,
+    },
+    /// Any other failure, with the library's own message.
+    #[error("GPU backend error: {message}")]
+    Other {
+        /// The underlying message.
+        message: String,
+    },
+}
+
+impl BackendError {
+    /// Short stable name of the variant, for logs and metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendError::LibraryUnavailable { .. } => "library_unavailable",
+            BackendError::MissingFunction { .. } => "missing_function",
+            BackendError::NotFound { .. } => "not_found",
+            BackendError::NotSupported { .. } => "not_supported",
+            BackendError::NoPermission { .. } => "no_permission",
+            BackendError::InUse { .. } => "in_use",
+            BackendError::InsufficientResources { .. } => "insufficient_resources",
+            BackendError::InvalidArgument { .. } => "invalid_argument",
+            BackendError::GpuLost { .. } => "gpu_lost",
+            BackendError::Timeout { .. } => "timeout",
+            BackendError::Other { .. } => "other",
+        }
+    }
+}
+
+/// Driver-wide facts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SystemInfo {
+    /// Kernel driver version, e.g. `550.54.15`.
+    pub driver_version: String,
+    /// CUDA driver API version as `major.minor`, e.g. `12.4`.
+    pub cuda_driver_version: String,
+    /// NVML library version, e.g. `12.550.54.15`.
+    pub nvml_version: String,
+}
+
+/// MIG mode of one GPU: the mode in force, and the one that takes effect after
+/// the next GPU reset (they differ while a change is pending).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigMode {
+    /// MIG mode in force now.
+    pub current: bool,
+    /// MIG mode after the next reset.
+    pub pending: bool,
+}
+
+impl MigMode {
+    /// True while a requested mode waits for a GPU reset or reboot.
+    pub fn reset_pending(&self) -> bool {
+        self.current != self.pending
+    }
+}
+
+/// What a MIG mode change did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigModeChange {
+    /// The new mode is in force now.
+    Applied,
+    /// The new mode is recorded but needs a GPU reset (or reboot) to take effect.
+    PendingReset,
+}
+
+/// One physical GPU as an agent needs to know it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// Index in driver enumeration order (`nvidia-smi -i`).
+    pub index: u32,
+    /// `GPU-xxxxxxxx-...`.
+    pub uuid: String,
+    /// Marketing name as the driver reports it, e.g. `NVIDIA A100-SXM4-40GB`.
+    pub name: String,
+    /// PCI bus id `00000000:BB:DD.F`.
+    pub pci_bus_id: String,
+    /// Combined PCI device and vendor id, e.g. `0x20B010DE`.
+    pub pci_device_id: u32,
+    /// Minor number: the GPU is `/dev/nvidia<minor>`.
+    pub minor_number: u32,
+    /// Total framebuffer memory in bytes.
+    pub memory_total_bytes: u64,
+    /// NUMA node of the GPU, when the platform reports one.
+    pub numa_node: Option<u32>,
+    /// Architecture name in lower case (`ampere`, `hopper`, `blackwell`, ...).
+    pub architecture: String,
+    /// CUDA compute capability `(major, minor)`.
+    pub compute_capability: (u32, u32),
+    /// Whether the GPU can be partitioned with MIG.
+    pub mig_capable: bool,
+    /// MIG mode; `None` when the GPU is not MIG capable.
+    pub mig_mode: Option<MigMode>,
+}
+
+/// One GPU that could not be read while listing the others.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuReadError {
+    /// Index of the failing GPU.
+    pub index: u32,
+    /// Why it could not be read.
+    pub error: BackendError,
+}
+
+/// Everything [`GpuBackend::inventory`] found. A GPU that errors lands in
+/// `errors` and does not hide the others.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inventory {
+    /// Driver-wide facts.
+    pub system: SystemInfo,
+    /// GPUs that answered, in index order.
+    pub gpus: Vec<GpuInfo>,
+    /// GPUs that did not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<GpuReadError>,
+}
+
+/// A span of memory slices a GPU instance occupies (hardware units, as
+/// `nvidia-smi mig -lgipp` prints `start:size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SlicePlacement {
+    /// First occupied slice.
+    pub start: u32,
+    /// Number of occupied slices.
+    pub size: u32,
+}
+
+impl fmt::Display for SlicePlacement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.start, self.size)
+    }
+}
+
+/// A GPU-instance profile as the device reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInstanceProfile {
+    /// Hardware profile id (the one `nvidia-smi mig -cgi` takes), e.g. 19 for 1g.
+    pub id: u32,
+    /// Profile name, e.g. `1g.10gb` or `1g.10gb+me`.
+    pub name: String,
+    /// Compute slices (`g`).
+    pub slice_count: u32,
+    /// Memory of one instance in MiB.
+    pub memory_mib: u64,
+    /// Streaming multiprocessors of one instance.
+    pub multiprocessor_count: u32,
+    /// Most instances of this profile the GPU can hold at once.
+    pub instance_count: u32,
+    /// Placements the device offers for this profile.
+    pub placements: Vec<SlicePlacement>,
+}
+
+/// A compute instance inside a GPU instance; with MIG on, each one is a MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputeInstance {
+    /// Compute-instance id within its GPU instance.
+    pub id: u32,
+    /// Compute-instance profile id (slice-count enum as nvidia-smi prints it).
+    pub profile_id: u32,
+    /// Compute slices it uses.
+    pub slice_count: u32,
+    /// Placement in compute-slice units within the GPU instance.
+    pub placement: SlicePlacement,
+    /// `MIG-xxxxxxxx-...` UUID of the MIG device, as containers see it.
+    pub uuid: String,
+}
+
+/// A GPU instance and its compute instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInstance {
+    /// GPU-instance id (`GPU_I_ID`).
+    pub id: u32,
+    /// Hardware profile id.
+    pub profile_id: u32,
+    /// Profile name (`GPU_I_PROFILE`), e.g. `3g.40gb`.
+    pub profile_name: String,
+    /// Memory slices it occupies.
+    pub placement: SlicePlacement,
+    /// Its compute instances.
+    pub compute_instances: Vec<ComputeInstance>,
+}
+
+/// MIG state of one GPU: mode, the profiles the device offers, and what exists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigState {
+    /// GPU index.
+    pub gpu: u32,
+    /// Current and pending MIG mode.
+    pub mode: MigMode,
+    /// Instances present now (empty when MIG is off).
+    pub gpu_instances: Vec<GpuInstance>,
+}
+
+/// One telemetry field: a value, "this GPU does not have it", or a read error.
+/// Exporters omit unsupported series instead of printing sentinels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reading<T> {
+    /// The value read.
+    Value(T),
+    /// The device or driver does not provide this field.
+    NotSupported,
+    /// Reading failed; the message says why.
+    Error(String),
+}
+
+impl<T> Reading<T> {
+    /// The value, if there is one.
+    pub fn value(&self) -> Option<&T> {
+        match self {
+            Reading::Value(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// True for [`Reading::NotSupported`].
+    pub fn is_not_supported(&self) -> bool {
+        matches!(self, Reading::NotSupported)
+    }
+
+    /// Applies `f` to a value, keeping the other cases.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Reading<U> {
+        match self {
+            Reading::Value(v) => Reading::Value(f(v)),
+            Reading::NotSupported => Reading::NotSupported,
+            Reading::Error(e) => Reading::Error(e),
+        }
+    }
+}
+
+/// Framebuffer memory in bytes. Invariant: `used + free + reserved == total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FbMemory {
+    /// Total memory.
+    pub total: u64,
+    /// Memory in use by processes and the driver's per-context allocations.
+    pub used: u64,
+    /// Memory free for allocation.
+    pub free: u64,
+    /// Memory reserved by the driver and firmware.
+    pub reserved: u64,
+}
+
+impl FbMemory {
+    /// Whether the parts add up to the total.
+    pub fn is_consistent(&self) -> bool {
+        self.used
+            .checked_add(self.free)
+            .and_then(|s| s.checked_add(self.reserved))
+            == Some(self.total)
+    }
+}
+
+/// Row-remapping counters (HBM GPUs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemappedRows {
+    /// Rows remapped for correctable errors.
+    pub correctable: u32,
+    /// Rows remapped for uncorrectable errors.
+    pub uncorrectable: u32,
+    /// A remapping waits for the next reset.
+    pub pending: bool,
+    /// A remapping failed.
+    pub failed: bool,
+}
+
+/// One telemetry sample of a whole GPU: the fields of the DCGM default counter
+/// set. Units are NVML's; exporters convert (W = mW / 1000, MiB = bytes / 2^20).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuTelemetry {
+    /// GPU index.
+    pub gpu: u32,
+    /// SM clock in MHz.
+    pub sm_clock_mhz: Reading<u32>,
+    /// Memory clock in MHz.
+    pub mem_clock_mhz: Reading<u32>,
+    /// GPU temperature in °C.
+    pub gpu_temp_c: Reading<u32>,
+    /// Memory (HBM) temperature in °C.
+    pub memory_temp_c: Reading<u32>,
+    /// Power draw in mW.
+    pub power_usage_mw: Reading<u32>,
+    /// Energy since driver load in mJ (monotonic).
+    pub total_energy_mj: Reading<u64>,
+    /// PCIe replay count (monotonic).
+    pub pcie_replay_count: Reading<u64>,
+    /// GPU utilisation in percent.
+    pub gpu_util_pct: Reading<u32>,
+    /// Memory-copy utilisation in percent.
+    pub mem_copy_util_pct: Reading<u32>,
+    /// Encoder utilisation in percent.
+    pub enc_util_pct: Reading<u32>,
+    /// Decoder utilisation in percent.
+    pub dec_util_pct: Reading<u32>,
+    /// Framebuffer memory.
+    pub fb_memory: Reading<FbMemory>,
+    /// NVLink data moved over all links, TX + RX, in KiB since driver load (monotonic).
+    pub nvlink_total_kib: Reading<u64>,
+    /// Row remapping.
+    pub remapped_rows: Reading<RemappedRows>,
+    /// PCIe transmit throughput in KiB/s.
+    pub pcie_tx_kib_per_s: Reading<u32>,
+    /// PCIe receive throughput in KiB/s.
+    pub pcie_rx_kib_per_s: Reading<u32>,
+    /// Ratio (0..=1) of time the graphics/compute engine was active.
+    pub gr_engine_active: Reading<f64>,
+    /// Ratio (0..=1) of cycles the tensor pipes were active.
+    pub tensor_active: Reading<f64>,
+    /// Ratio (0..=1) of cycles the memory interface was active.
+    pub dram_active: Reading<f64>,
+    /// The last Xid seen on this GPU, 0 when none.
+    pub last_xid: Reading<u64>,
+}
+
+/// One telemetry sample of a MIG GPU instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigTelemetry {
+    /// Parent GPU index.
+    pub gpu: u32,
+    /// GPU-instance id.
+    pub gpu_instance_id: u32,
+    /// Framebuffer memory of the instance.
+    pub fb_memory: Reading<FbMemory>,
+    /// Ratio (0..=1) of time the instance's engines were active.
+    pub gr_engine_active: Reading<f64>,
+    /// Ratio (0..=1) of cycles its tensor pipes were active.
+    pub tensor_active: Reading<f64>,
+    /// Ratio (0..=1) of cycles its memory interface was active.
+    pub dram_active: Reading<f64>,
+}
+
+/// What happened to a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum HealthEventKind {
+    /// A critical Xid error (e.g. 48 double-bit ECC, 79 fell off the bus).
+    Xid {
+        /// The Xid number.
+        xid: u64,
+    },
+    /// The GPU no longer answers.
+    GpuLost,
+}
+
+/// A health event on one GPU, with the MIG instance when known.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthEvent {
+    /// GPU index.
+    pub gpu: u32,
+    /// GPU UUID.
+    pub uuid: String,
+    /// GPU-instance id, when the event is attributed to one.
+    pub gpu_instance_id: Option<u32>,
+    /// Compute-instance id, when the event is attributed to one.
+    pub compute_instance_id: Option<u32>,
+    /// What happened.
+    pub kind: HealthEventKind,
+}
+
+/// A live subscription to health events of every GPU of a backend.
+/// Events that happen after the subscription was made are delivered once, in order.
+pub trait HealthEvents: Send {
+    /// Blocks for up to `timeout` for the next event; `Ok(None)` when none came.
+    fn wait(&mut self, timeout: Duration) -> Result<Option<HealthEvent>, BackendError>;
+}
+
+/// The GPUs of one node, as every agent sees them.
+///
+/// Implementations must be cheap to share (`Arc<dyn GpuBackend>`) and safe to call
+/// from several threads. Indexes are the driver's enumeration order.
+pub trait GpuBackend: Send + Sync {
+    /// Short name of the implementation (`simulated`, `nvml`), for logs.
+    fn name(&self) -> &str;
+
+    /// Driver-wide facts.
+    fn system_info(&self) -> Result<SystemInfo, BackendError>;
+
+    /// Number of GPUs.
+    fn device_count(&self) -> Result<u32, BackendError>;
+
+    /// One GPU.
+    fn gpu_info(&self, gpu: u32) -> Result<GpuInfo, BackendError>;
+
+    /// Every GPU; one that fails is reported in [`Inventory::errors`], not fatal.
+    fn inventory(&self) -> Result<Inventory, BackendError> {
+        let system = self.system_info()?;
+        let count = self.device_count()?;
+        let mut gpus = Vec::with_capacity(count as usize);
+        let mut errors = Vec::new();
+        for index in 0..count {
+            match self.gpu_info(index) {
+                Ok(info) => gpus.push(info),
+                Err(error) => errors.push(GpuReadError { index, error }),
+            }
+        }
+        Ok(Inventory {
+            system,
+            gpus,
+            errors,
+        })
+    }
+
+    /// Current and pending MIG mode. `NotSupported` on GPUs without MIG.
+    fn mig_mode(&self, gpu: u32) -> Result<MigMode, BackendError>;
+
+    /// Requests MIG mode on or off. Fails `InUse` while instances exist (disable)
+    /// or processes run.
+    fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<MigModeChange, BackendError>;
+
+    /// GPU-instance profiles the device offers, with their possible placements.
+    fn gpu_instance_profiles(&self, gpu: u32) -> Result<Vec<GpuInstanceProfile>, BackendError>;
+
+    /// GPU instances (with their compute instances) present now.
+    fn gpu_instances(&self, gpu: u32) -> Result<Vec<GpuInstance>, BackendError>;
+
+    /// MIG mode and instances of one GPU.
+    fn mig_state(&self, gpu: u32) -> Result<MigState, BackendError> {
+        let mode = self.mig_mode(gpu)?;
+        let gpu_instances = if mode.current {
+            self.gpu_instances(gpu)?
+        } else {
+            Vec::new()
+        };
+        Ok(MigState {
+            gpu,
+            mode,
+            gpu_instances,
+        })
+    }
+
+    /// Creates a GPU instance of hardware profile `profile_id` at `placement`.
+    /// Overlap or an exhausted profile count fails `InsufficientResources`; a
+    /// placement the device does not offer fails `InvalidArgument`.
+    fn create_gpu_instance(
+        &self,
+        gpu: u32,
+        profile_id: u32,
+        placement: SlicePlacement,
+    ) -> Result<GpuInstance, BackendError>;
+
+    /// Creates a compute instance of `slice_count` compute slices in a GPU
+    /// instance, at the first free placement.
+    fn create_compute_instance(
+        &self,
+        gpu: u32,
+        gpu_instance_id: u32,
+        slice_count: u32,
+    ) -> Result<ComputeInstance, BackendError>;
+
+    /// Destroys a compute instance.
+    fn destroy_compute_instance(
+        &self,
+        gpu: u32,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+    ) -> Result<(), BackendError>;
+
+    /// Destroys a GPU instance; fails `InUse` while it has compute instances.
+    fn destroy_gpu_instance(&self, gpu: u32, gpu_instance_id: u32) -> Result<(), BackendError>;
+
+    /// Resets a GPU so a pending MIG mode takes effect. Backends that cannot
+    /// reset answer `NotSupported` (the node then needs a reboot).
+    fn reset_gpu(&self, gpu: u32) -> Result<(), BackendError>;
+
+    /// One telemetry sample of a whole GPU.
+    fn gpu_telemetry(&self, gpu: u32) -> Result<GpuTelemetry, BackendError>;
+
+    /// One telemetry sample of each GPU instance of a MIG-enabled GPU.
+    fn mig_telemetry(&self, gpu: u32) -> Result<Vec<MigTelemetry>, BackendError>;
+
+    /// Subscribes to Xid and GPU-lost events of every GPU.
+    fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fb_memory_consistency_detects_mismatch_and_overflow() {
+        let ok = FbMemory {
+            total: 100,
+            used: 30,
+            free: 60,
+            reserved: 10,
+        };
+        assert!(ok.is_consistent());
+        let bad = FbMemory { free: 61, ..ok };
+        assert!(!bad.is_consistent());
+        let overflow = FbMemory {
+            total: u64::MAX,
+            used: u64::MAX,
+            free: 1,
+            reserved: 0,
+        };
+        assert!(!overflow.is_consistent());
+    }
+
+    #[test]
+    fn reading_serializes_not_supported_distinct_from_error() {
+        let ns: Reading<u32> = Reading::NotSupported;
+        let err: Reading<u32> = Reading::Error("boom".into());
+        let v: Reading<u32> = Reading::Value(7);
+        assert_eq!(serde_json::to_string(&ns).unwrap(), "\"not_supported\"");
+        assert_eq!(serde_json::to_string(&err).unwrap(), "{\"error\":\"boom\"}");
+        assert_eq!(serde_json::to_string(&v).unwrap(), "{\"value\":7}");
+        assert_eq!(v.clone().map(|x| x * 2), Reading::Value(14));
+        assert!(ns.is_not_supported());
+        assert_eq!(v.value(), Some(&7));
+    }
+
+    #[test]
+    fn mig_mode_reports_pending_reset() {
+        assert!(
+            MigMode {
+                current: false,
+                pending: true
+            }
+            .reset_pending()
+        );
+        assert!(
+            !MigMode {
+                current: true,
+                pending: true
+            }
+            .reset_pending()
+        );
+    }
+
+    struct Broken;
+    impl GpuBackend for Broken {
+        fn name(&self) -> &str {
+            "broken"
+        }
+        fn system_info(&self) -> Result<SystemInfo, BackendError> {
+            Ok(SystemInfo {
+                driver_version: "1".into(),
+                cuda_driver_version: "12.0".into(),
+                nvml_version: "12.1".into(),
+            })
+        }
+        fn device_count(&self) -> Result<u32, BackendError> {
+            Ok(2)
+        }
+        fn gpu_info(&self, gpu: u32) -> Result<GpuInfo, BackendError> {
+            if gpu == 0 {
+                return Err(BackendError::GpuLost { gpu });
+            }
+            Ok(GpuInfo {
+                index: gpu,
+                uuid: "GPU-1".into(),
+                name: "x".into(),
+                pci_bus_id: "00000000:01:00.0".into(),
+                pci_device_id: 0x20B010DE,
+                minor_number: gpu,
+                memory_total_bytes: 1,
+                numa_node: None,
+                architecture: "ampere".into(),
+                compute_capability: (8, 0),
+                mig_capable: false,
+                mig_mode: None,
+            })
+        }
+        fn mig_mode(&self, gpu: u32) -> Result<MigMode, BackendError> {
+            Err(BackendError::NotSupported {
+                gpu,
+                operation: "mig".into(),
+            })
+        }
+        fn set_mig_mode(&self, gpu: u32, _: bool) -> Result<MigModeChange, BackendError> {
+            self.mig_mode(gpu).map(|_| MigModeChange::Applied)
+        }
+        fn gpu_instance_profiles(&self, _: u32) -> Result<Vec<GpuInstanceProfile>, BackendError> {
+            Ok(vec![])
+        }
+        fn gpu_instances(&self, _: u32) -> Result<Vec<GpuInstance>, BackendError> {
+            Ok(vec![])
+        }
+        fn create_gpu_instance(
+            &self,
+            gpu: u32,
+            _: u32,
+            _: SlicePlacement,
+        ) -> Result<GpuInstance, BackendError> {
+            Err(BackendError::GpuLost { gpu })
+        }
+        fn create_compute_instance(
+            &self,
+            gpu: u32,
+            _: u32,
+            _: u32,
+        ) -> Result<ComputeInstance, BackendError> {
+            Err(BackendError::GpuLost { gpu })
+        }
+        fn destroy_compute_instance(&self, _: u32, _: u32, _: u32) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn destroy_gpu_instance(&self, _: u32, _: u32) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn reset_gpu(&self, gpu: u32) -> Result<(), BackendError> {
+            Err(BackendError::NotSupported {
+                gpu,
+                operation: "reset".into(),
+            })
+        }
+        fn gpu_telemetry(&self, gpu: u32) -> Result<GpuTelemetry, BackendError> {
+            Err(BackendError::GpuLost { gpu })
+        }
+        fn mig_telemetry(&self, _: u32) -> Result<Vec<MigTelemetry>, BackendError> {
+            Ok(vec![])
+        }
+        fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError> {
+            Err(BackendError::Other {
+                message: "none".into(),
+            })
+        }
+    }
+
+    #[test]
+    fn inventory_keeps_working_gpus_when_one_fails() {
+        let backend: std::sync::Arc<dyn GpuBackend> = std::sync::Arc::new(Broken);
+        let inv = backend.inventory().unwrap();
+        assert_eq!(inv.gpus.len(), 1);
+        assert_eq!(inv.gpus[0].index, 1);
+        assert_eq!(inv.errors.len(), 1);
+        assert_eq!(inv.errors[0].error.kind(), "gpu_lost");
+        let state = backend.mig_state(1);
+        assert!(matches!(state, Err(BackendError::NotSupported { .. })));
+    }
+}
