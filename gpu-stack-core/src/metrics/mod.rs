@@ -1,0 +1,24 @@
+//! DCGM-compatible GPU metrics, as pure data transformations: the metric
+//! catalog and default counter set, counters-CSV parsing, value formatting, pod
+//! attribution from kubelet pod-resources data, windowed Xid counts, and the
+//! rendering of a telemetry snapshot into dcgm-exporter's exposition text.
+
+pub mod attribution;
+pub mod catalog;
+pub mod counters;
+pub mod format;
+pub mod render;
+pub mod xid;
+
+pub use attribution::{
+    Attribution, Attributions, ContainerDevices, ResourceMatcher, attribute, base_device_id,
+};
+pub use catalog::{DEFAULT_COUNTERS_CSV, Field, MetricKind, ValueKind};
+pub use counters::{
+    CounterSet, CounterSpec, CountersError, ParseReport, SkippedLine, parse_counters,
+};
+pub use format::Value;
+pub use render::{
+    EntityIdentity, EntitySample, Format, MigIdentity, RenderOptions, render, render_into,
+};
+pub use xid::{XidWindow, xid_message};
