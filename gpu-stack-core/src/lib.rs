@@ -4,3 +4,4 @@
 //! data, so the operator, the node agents and the CLI share one tested brain.
 pub mod backend;
 pub mod metrics;
+pub mod operator;

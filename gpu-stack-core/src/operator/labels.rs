@@ -1,0 +1,416 @@
+//! Node labels the operator reads (NFD, GFD, user intent) and the deploy labels
+//! it writes.
+//!
+//! Deploy labels are shared with other agents: the driver manager and the MIG
+//! manager pause operands by rewriting `nvidia.com/gpu.deploy.<component>`
+//! (`paused-for-driver-upgrade`, `paused-for-mig-change`), a host driver is
+//! marked `pre-installed`, and a person can write `false`. The operator only
+//! ever fills a missing or empty value, so it never undoes those.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::components::Component;
+
+/// Prefix of every deploy label.
+pub const DEPLOY_PREFIX: &str = "nvidia.com/gpu.deploy.";
+/// `true` on nodes with an NVIDIA GPU.
+pub const GPU_PRESENT: &str = "nvidia.com/gpu.present";
+/// `false` removes every deploy label from a node.
+pub const DEPLOY_OPERANDS: &str = "nvidia.com/gpu.deploy.operands";
+/// The node's workload type (`container`, `vm-passthrough`, `vm-vgpu`).
+pub const WORKLOAD_CONFIG: &str = "nvidia.com/gpu.workload.config";
+/// Written by GFD on MIG-capable nodes.
+pub const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
+/// Written by GFD: the GPU product name.
+pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
+/// Desired MIG layout name, read by the MIG manager.
+pub const MIG_CONFIG: &str = "nvidia.com/mig.config";
+/// vGPU host driver present: the node is not MIG-managed by us.
+pub const VGPU_HOST_DRIVER: &str = "nvidia.com/vgpu.host-driver-version";
+/// NFD OS id (`ubuntu`, `rhel`, ...).
+pub const NFD_OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
+/// NFD OS version (`22.04`, `9.4`).
+pub const NFD_OS_VERSION: &str = "feature.node.kubernetes.io/system-os_release.VERSION_ID";
+/// NFD OS major version (`9`).
+pub const NFD_OS_VERSION_MAJOR: &str =
+    "feature.node.kubernetes.io/system-os_release.VERSION_ID.major";
+/// NFD full kernel version.
+pub const NFD_KERNEL: &str = "feature.node.kubernetes.io/kernel-version.full";
+/// Prefix shared by every NFD label.
+pub const NFD_PREFIX: &str = "feature.node.kubernetes.io/";
+
+/// NFD labels that mark a node as having an NVIDIA PCI device.
+pub const NFD_GPU_LABELS: [&str; 3] = [
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+];
+
+/// Value another agent writes to pause an operand during a MIG change.
+pub const PAUSED_FOR_MIG_CHANGE: &str = "paused-for-mig-change";
+/// Value the driver manager writes to pause an operand during a driver upgrade.
+pub const PAUSED_FOR_DRIVER_UPGRADE: &str = "paused-for-driver-upgrade";
+/// Value the driver manager writes on `gpu.deploy.driver` when the host has a driver.
+pub const PRE_INSTALLED: &str = "pre-installed";
+
+/// Node labels as a sorted map.
+pub type Labels = BTreeMap<String, String>;
+
+/// A label change: `Some(value)` sets, `None` removes.
+pub type LabelPatch = BTreeMap<String, Option<String>>;
+
+/// What the operator learns about a node from its labels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeFacts {
+    /// An NFD NVIDIA PCI label is `true`.
+    pub gpu: bool,
+    /// Any NFD label at all (NFD is installed on this node).
+    pub nfd: bool,
+    /// GPUs on this node can be partitioned with MIG.
+    pub mig_capable: bool,
+    /// `nvidia.com/gpu.deploy.operands=false`.
+    pub operands_disabled: bool,
+    /// NVIDIA PCI device ids seen in NFD labels (`pci-<class>_10de_<device>.present`), lowercase hex.
+    pub pci_device_ids: Vec<String>,
+    /// GFD product name, when GFD already labelled this node.
+    pub product: Option<String>,
+}
+
+impl NodeFacts {
+    /// Reads the facts from a node's labels.
+    pub fn from_labels(labels: &Labels) -> NodeFacts {
+        let is_true = |k: &str| labels.get(k).is_some_and(|v| v == "true");
+        let gpu = NFD_GPU_LABELS.iter().any(|k| is_true(k));
+        let nfd = labels.keys().any(|k| k.starts_with(NFD_PREFIX));
+        let product = labels.get(GPU_PRODUCT).cloned();
+        let pci_device_ids = nvidia_pci_device_ids(labels);
+        let vgpu_host = labels.contains_key(VGPU_HOST_DRIVER);
+        let mig_capable = !vgpu_host
+            && match labels.get(MIG_CAPABLE) {
+                Some(v) => v == "true",
+                None => product.as_deref().is_some_and(product_is_mig_capable),
+            };
+        NodeFacts {
+            gpu,
+            nfd,
+            mig_capable,
+            operands_disabled: labels.get(DEPLOY_OPERANDS).is_some_and(|v| v == "false"),
+            pci_device_ids,
+            product,
+        }
+    }
+}
+
+/// The NVIDIA operator's fallback when `nvidia.com/mig.capable` is absent: a
+/// product name naming an A100, A30 or H100.
+pub fn product_is_mig_capable(product: &str) -> bool {
+    let p = product.to_ascii_lowercase();
+    ["a100", "a30", "h100", "h200", "b200", "gb200"]
+        .iter()
+        .any(|m| p.contains(m))
+}
+
+/// NVIDIA PCI device ids from NFD labels of the form
+/// `feature.node.kubernetes.io/pci-<class>_10de_<device>.present=true`.
+pub fn nvidia_pci_device_ids(labels: &Labels) -> Vec<String> {
+    let mut ids: Vec<String> = labels
+        .iter()
+        .filter(|(_, v)| v.as_str() == "true")
+        .filter_map(|(k, _)| {
+            let rest = k.strip_prefix("feature.node.kubernetes.io/pci-")?;
+            let rest = rest.strip_suffix(".present")?;
+            let mut parts = rest.split('_');
+            let _class = parts.next()?;
+            let vendor = parts.next()?;
+            let device = parts.next()?;
+            if vendor != "10de" || parts.next().is_some() || device.is_empty() {
+                return None;
+            }
+            Some(device.to_ascii_lowercase())
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// Inputs of [`deploy_label_patch`] that come from the policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelPolicy {
+    /// `migManager.config.default`: when `all-disabled`, MIG-capable nodes
+    /// without `nvidia.com/mig.config` get that value.
+    pub mig_config_default: Option<String>,
+}
+
+/// The label changes the operator makes on one node, given its current labels.
+///
+/// Rules (the NVIDIA operator's, kept so other agents keep working):
+/// - a node without an NVIDIA GPU loses `gpu.present` and every deploy label;
+/// - a GPU node gets `gpu.present=true`;
+/// - `gpu.deploy.operands=false` removes every deploy label;
+/// - otherwise each container-workload component's deploy label is set to
+///   `true` only when missing or empty: `false`, `paused-for-*`, `pre-installed`
+///   and any other value written by someone else are kept;
+/// - `gpu.deploy.mig-manager` only on MIG-capable nodes (removed elsewhere);
+/// - `nvidia.com/mig.config=all-disabled` on MIG-capable nodes that have none,
+///   when the policy's default MIG config is `all-disabled`.
+///
+/// The returned patch holds only real changes: applying it and calling this
+/// again yields an empty patch.
+pub fn deploy_label_patch(labels: &Labels, policy: &LabelPolicy) -> LabelPatch {
+    let facts = NodeFacts::from_labels(labels);
+    let mut want: LabelPatch = BTreeMap::new();
+    let deploy_keys = || labels.keys().filter(|k| is_operator_deploy_label(k));
+
+    if !facts.gpu {
+        if labels.contains_key(GPU_PRESENT) {
+            want.insert(GPU_PRESENT.to_string(), None);
+        }
+        for k in deploy_keys() {
+            want.insert(k.clone(), None);
+        }
+        return want;
+    }
+
+    want.insert(GPU_PRESENT.to_string(), Some("true".to_string()));
+    if facts.operands_disabled {
+        for k in deploy_keys() {
+            want.insert(k.clone(), None);
+        }
+    } else {
+        for c in Component::ALL {
+            let key = c.deploy_label();
+            if c == Component::MigManager && !facts.mig_capable {
+                if labels.contains_key(&key) {
+                    want.insert(key, None);
+                }
+                continue;
+            }
+            match labels.get(&key) {
+                Some(v) if !v.is_empty() => {}
+                _ => {
+                    want.insert(key, Some("true".to_string()));
+                }
+            }
+        }
+        if facts.mig_capable
+            && !labels.contains_key(MIG_CONFIG)
+            && policy.mig_config_default.as_deref() == Some("all-disabled")
+        {
+            want.insert(MIG_CONFIG.to_string(), Some("all-disabled".to_string()));
+        }
+    }
+
+    // Keep only real changes.
+    want.retain(|k, v| labels.get(k) != v.as_ref());
+    want
+}
+
+/// Whether a label key is one of the per-component deploy labels the operator
+/// manages (not `gpu.deploy.operands`, which is user intent).
+pub fn is_operator_deploy_label(key: &str) -> bool {
+    key.strip_prefix(DEPLOY_PREFIX)
+        .and_then(Component::from_deploy_label_suffix)
+        .is_some()
+}
+
+/// Applies a patch to a label map.
+pub fn apply_patch(labels: &mut Labels, patch: &LabelPatch) {
+    for (k, v) in patch {
+        match v {
+            Some(v) => {
+                labels.insert(k.clone(), v.clone());
+            }
+            None => {
+                labels.remove(k);
+            }
+        }
+    }
+}
+
+/// Whether a node with these labels would run the given component's pod: the
+/// deploy label must be exactly `true`.
+pub fn schedules(labels: &Labels, c: Component) -> bool {
+    labels.get(&c.deploy_label()).is_some_and(|v| v == "true")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn gpu_node() -> Labels {
+        labels(&[
+            ("feature.node.kubernetes.io/pci-10de.present", "true"),
+            (NFD_OS_ID, "ubuntu"),
+        ])
+    }
+
+    #[test]
+    fn fresh_gpu_node_gets_all_container_labels_but_mig() {
+        let p = deploy_label_patch(&gpu_node(), &LabelPolicy::default());
+        assert_eq!(p.get(GPU_PRESENT), Some(&Some("true".into())));
+        assert_eq!(
+            p.get("nvidia.com/gpu.deploy.device-plugin"),
+            Some(&Some("true".into()))
+        );
+        assert!(!p.contains_key("nvidia.com/gpu.deploy.mig-manager"));
+        assert_eq!(p.len(), 1 + Component::ALL.len() - 1);
+    }
+
+    #[test]
+    fn values_written_by_other_agents_are_kept() {
+        let mut l = gpu_node();
+        l.insert("nvidia.com/mig.capable".into(), "true".into());
+        l.insert(
+            "nvidia.com/gpu.deploy.device-plugin".into(),
+            PAUSED_FOR_MIG_CHANGE.into(),
+        );
+        l.insert("nvidia.com/gpu.deploy.driver".into(), PRE_INSTALLED.into());
+        l.insert("nvidia.com/gpu.deploy.dcgm-exporter".into(), "false".into());
+        l.insert(
+            "nvidia.com/gpu.deploy.gpu-feature-discovery".into(),
+            PAUSED_FOR_DRIVER_UPGRADE.into(),
+        );
+        l.insert("nvidia.com/gpu.deploy.container-toolkit".into(), "".into());
+        let p = deploy_label_patch(&l, &LabelPolicy::default());
+        for k in [
+            "device-plugin",
+            "driver",
+            "dcgm-exporter",
+            "gpu-feature-discovery",
+        ] {
+            assert!(
+                !p.contains_key(&format!("{DEPLOY_PREFIX}{k}")),
+                "{k} was touched"
+            );
+        }
+        // Empty counts as absent.
+        assert_eq!(
+            p.get("nvidia.com/gpu.deploy.container-toolkit"),
+            Some(&Some("true".into()))
+        );
+        assert_eq!(
+            p.get("nvidia.com/gpu.deploy.mig-manager"),
+            Some(&Some("true".into()))
+        );
+    }
+
+    #[test]
+    fn operands_false_removes_deploy_labels_and_cpu_nodes_lose_everything() {
+        let mut l = gpu_node();
+        l.insert("nvidia.com/gpu.deploy.driver".into(), "true".into());
+        l.insert(DEPLOY_OPERANDS.into(), "false".into());
+        let p = deploy_label_patch(&l, &LabelPolicy::default());
+        assert_eq!(p.get("nvidia.com/gpu.deploy.driver"), Some(&None));
+        assert!(!p.contains_key(DEPLOY_OPERANDS));
+
+        let cpu = labels(&[
+            (GPU_PRESENT, "true"),
+            ("nvidia.com/gpu.deploy.driver", "true"),
+            ("kubernetes.io/os", "linux"),
+        ]);
+        let p = deploy_label_patch(&cpu, &LabelPolicy::default());
+        assert_eq!(p.get(GPU_PRESENT), Some(&None));
+        assert_eq!(p.get("nvidia.com/gpu.deploy.driver"), Some(&None));
+        assert_eq!(p.len(), 2);
+    }
+
+    #[test]
+    fn mig_config_default_only_when_absent() {
+        let mut l = gpu_node();
+        l.insert(GPU_PRODUCT.into(), "NVIDIA-A100-SXM4-40GB".into());
+        let pol = LabelPolicy {
+            mig_config_default: Some("all-disabled".into()),
+        };
+        let p = deploy_label_patch(&l, &pol);
+        assert_eq!(p.get(MIG_CONFIG), Some(&Some("all-disabled".into())));
+        l.insert(MIG_CONFIG.into(), "all-1g.5gb".into());
+        assert!(!deploy_label_patch(&l, &pol).contains_key(MIG_CONFIG));
+    }
+
+    #[test]
+    fn pci_device_ids_from_nfd() {
+        let l = labels(&[
+            (
+                "feature.node.kubernetes.io/pci-0302_10de_20B0.present",
+                "true",
+            ),
+            (
+                "feature.node.kubernetes.io/pci-0200_15b3_1017.present",
+                "true",
+            ),
+            ("feature.node.kubernetes.io/pci-10de.present", "true"),
+        ]);
+        assert_eq!(nvidia_pci_device_ids(&l), vec!["20b0".to_string()]);
+    }
+
+    fn arb_labels() -> impl Strategy<Value = Labels> {
+        let keys = prop::sample::select(vec![
+            "feature.node.kubernetes.io/pci-10de.present".to_string(),
+            GPU_PRESENT.to_string(),
+            DEPLOY_OPERANDS.to_string(),
+            MIG_CAPABLE.to_string(),
+            MIG_CONFIG.to_string(),
+            "nvidia.com/gpu.deploy.driver".to_string(),
+            "nvidia.com/gpu.deploy.device-plugin".to_string(),
+            "nvidia.com/gpu.deploy.mig-manager".to_string(),
+            "nvidia.com/gpu.deploy.dcgm-exporter".to_string(),
+        ]);
+        let values = prop::sample::select(vec![
+            "true".to_string(),
+            "false".to_string(),
+            "".to_string(),
+            PAUSED_FOR_MIG_CHANGE.to_string(),
+            PAUSED_FOR_DRIVER_UPGRADE.to_string(),
+            PRE_INSTALLED.to_string(),
+        ]);
+        prop::collection::btree_map(keys, values, 0..9)
+    }
+
+    proptest! {
+        #[test]
+        fn patch_is_idempotent(l in arb_labels(), all_disabled in any::<bool>()) {
+            let pol = LabelPolicy { mig_config_default: all_disabled.then(|| "all-disabled".to_string()) };
+            let p = deploy_label_patch(&l, &pol);
+            let mut after = l.clone();
+            apply_patch(&mut after, &p);
+            prop_assert!(deploy_label_patch(&after, &pol).is_empty());
+        }
+
+        #[test]
+        fn foreign_values_survive(l in arb_labels()) {
+            let p = deploy_label_patch(&l, &LabelPolicy::default());
+            let mut after = l.clone();
+            apply_patch(&mut after, &p);
+            let facts = NodeFacts::from_labels(&l);
+            for (k, v) in &l {
+                if is_operator_deploy_label(k) && !v.is_empty() && v != "true" && facts.gpu
+                    && !facts.operands_disabled
+                    && (k != "nvidia.com/gpu.deploy.mig-manager" || facts.mig_capable)
+                {
+                    prop_assert_eq!(after.get(k), Some(v));
+                }
+            }
+        }
+
+        #[test]
+        fn cpu_nodes_never_schedule_operands(l in arb_labels()) {
+            let mut l = l;
+            l.remove("feature.node.kubernetes.io/pci-10de.present");
+            let p = deploy_label_patch(&l, &LabelPolicy::default());
+            apply_patch(&mut l, &p);
+            for c in Component::ALL {
+                prop_assert!(!schedules(&l, c));
+            }
+        }
+    }
+}

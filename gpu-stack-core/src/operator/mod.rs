@@ -1,0 +1,14 @@
+//! The operator's decisions, as pure functions of data.
+//!
+//! - [`components`]: the operands, their dependency graph, the per-node gates
+//!   that enforce the order, and which operands a policy enables.
+//! - [`labels`]: what the operator reads from a node's labels, and the deploy
+//!   labels it writes (respecting values other agents wrote).
+//! - [`driver`]: the driver selection matrix: image references, OS and kernel
+//!   pools, and GPU × driver-branch compatibility.
+//!
+//! The kube-facing crate turns a ClusterPolicy and node objects into these
+//! inputs, so every rule here is testable without a cluster.
+pub mod components;
+pub mod driver;
+pub mod labels;
