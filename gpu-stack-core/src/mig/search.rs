@@ -1,0 +1,717 @@
+//! Exhaustive placement search on a GPU's memory-slice axis: fit a multiset,
+//! enumerate layouts, and reconfigure with as few changes as possible.
+//!
+//! The axis is at most 12 slices on shipping GPUs, so complete depth-first
+//! search over bit masks is fast and, unlike creating instances one by one on
+//! hardware, proves impossibility and does not depend on input order.
+
+use serde::Serialize;
+
+use super::geometry::{Demand, GeometryError, MigGeometry, PlacedInstance};
+use super::name::{MediaVariant, MigProfileName};
+use super::validate::slice_mask;
+
+/// A geometry compiled for search: per-profile constants and every
+/// (profile, placement) candidate as a bit mask.
+#[derive(Debug, Clone)]
+pub(crate) struct Compiled {
+    pub(crate) profs: Vec<Prof>,
+    /// Candidates ordered by profile, then start.
+    pub(crate) cands: Vec<Cand>,
+    compute_slices: u32,
+    max_instances: u32,
+    ofa_engines: u32,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Prof {
+    pub(crate) size: u32,
+    compute: u32,
+    pub(crate) max: u32,
+    ofa: u32,
+    me_all: bool,
+    no_me: bool,
+    /// Index range into `cands`.
+    pub(crate) cand_from: usize,
+    pub(crate) cand_to: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cand {
+    pub(crate) prof: u8,
+    pub(crate) start: u8,
+    pub(crate) mask: u64,
+}
+
+/// Incremental layout state.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct State {
+    mask: u64,
+    counts: [u8; 32],
+    compute: u32,
+    n: u32,
+    ofa: u32,
+    me_all: u32,
+    not_no_me: u32,
+}
+
+impl State {
+    pub(crate) const EMPTY: State = State {
+        mask: 0,
+        counts: [0; 32],
+        compute: 0,
+        n: 0,
+        ofa: 0,
+        me_all: 0,
+        not_no_me: 0,
+    };
+}
+
+impl Compiled {
+    pub(crate) fn new(geometry: &MigGeometry) -> Result<Compiled, GeometryError> {
+        geometry.check()?;
+        let mut profs = Vec::with_capacity(geometry.gi_profiles.len());
+        let mut cands = Vec::new();
+        for (i, p) in geometry.gi_profiles.iter().enumerate() {
+            let from = cands.len();
+            let mut starts: Vec<u32> = p.placements.iter().map(|pl| pl.start).collect();
+            starts.sort_unstable();
+            starts.dedup();
+            for start in starts {
+                cands.push(Cand {
+                    prof: i as u8,
+                    start: start as u8,
+                    mask: slice_mask(start, p.memory_slices),
+                });
+            }
+            let variant = p.media_variant();
+            profs.push(Prof {
+                size: p.memory_slices,
+                compute: p.compute_slices,
+                max: p.max_instances,
+                ofa: p.media.ofa,
+                me_all: variant == MediaVariant::MeAll,
+                no_me: variant == MediaVariant::NoMe,
+                cand_from: from,
+                cand_to: cands.len(),
+            });
+        }
+        Ok(Compiled {
+            profs,
+            cands,
+            compute_slices: geometry.compute_slices,
+            max_instances: geometry.max_instances,
+            ofa_engines: geometry.ofa_engines,
+        })
+    }
+
+    /// Whether `prof` at `mask` can join `st` (every rule of §4 except R5).
+    #[inline]
+    pub(crate) fn can_add(&self, st: &State, prof: usize, mask: u64) -> bool {
+        let p = &self.profs[prof];
+        st.mask & mask == 0
+            && u32::from(st.counts[prof]) < p.max
+            && st.compute + p.compute <= self.compute_slices
+            && st.n < self.max_instances
+            && st.ofa + p.ofa <= self.ofa_engines
+            && if p.me_all {
+                st.not_no_me == 0
+            } else {
+                p.no_me || st.me_all == 0
+            }
+    }
+
+    #[inline]
+    pub(crate) fn add(&self, st: &State, prof: usize, mask: u64) -> State {
+        let p = &self.profs[prof];
+        let mut s = *st;
+        s.mask |= mask;
+        s.counts[prof] += 1;
+        s.compute += p.compute;
+        s.n += 1;
+        s.ofa += p.ofa;
+        if p.me_all {
+            s.me_all += 1;
+        }
+        if !p.no_me {
+            s.not_no_me += 1;
+        }
+        s
+    }
+
+    /// The candidate index of `prof` at `start`.
+    pub(crate) fn cand_at(&self, prof: usize, start: u32) -> Option<usize> {
+        let p = &self.profs[prof];
+        (p.cand_from..p.cand_to).find(|&c| u32::from(self.cands[c].start) == start)
+    }
+}
+
+/// Why no layout was found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize)]
+#[serde(tag = "reason", rename_all = "kebab-case")]
+pub enum FitError {
+    /// A profile does not exist on this GPU.
+    #[error("profile {profile} does not exist on this GPU (profiles: {available})")]
+    UnknownProfile {
+        /// Profile name.
+        profile: String,
+        /// Profiles that do exist.
+        available: String,
+    },
+    /// The geometry itself is unusable.
+    #[error("{0}")]
+    Geometry(String),
+    /// More of a profile than the GPU allows.
+    #[error("{count} × {profile} requested, but this GPU allows at most {max}")]
+    TooMany {
+        /// Profile name.
+        profile: String,
+        /// Requested.
+        count: u32,
+        /// Allowed.
+        max: u32,
+    },
+    /// The totals cannot fit.
+    #[error(
+        "the request needs {compute} compute slices, {memory} memory slices and {instances} instances; this GPU has {compute_available}, {memory_available} and {instances_available}"
+    )]
+    Totals {
+        /// Compute slices needed.
+        compute: u32,
+        /// Memory slices needed.
+        memory: u32,
+        /// Instances needed.
+        instances: u32,
+        /// Compute slices of the GPU.
+        compute_available: u32,
+        /// Memory slices of the GPU.
+        memory_available: u32,
+        /// Instance limit of the GPU.
+        instances_available: u32,
+    },
+    /// Media-engine rules rule the mix out.
+    #[error("{0}")]
+    MediaEngines(String),
+    /// Exhaustive search found no arrangement.
+    #[error(
+        "no arrangement of {request} on this GPU's placements avoids overlapping memory slices (all {tried} partial placements were tried)"
+    )]
+    NoPlacement {
+        /// The request.
+        request: String,
+        /// Search nodes visited.
+        tried: u64,
+    },
+    /// A current instance to keep is not valid.
+    #[error("current layout is invalid: {0}")]
+    InvalidCurrent(String),
+}
+
+/// Expands a demand into GI profile indices (largest first). Compute-instance
+/// profiles (`1c.2g.10gb`) are packed into as few GPU instances as their
+/// compute slices allow.
+pub(crate) fn expand_demand(
+    geometry: &MigGeometry,
+    demand: &Demand,
+) -> Result<Vec<usize>, FitError> {
+    let mut gi_counts = vec![0u32; geometry.gi_profiles.len()];
+    let mut ci_slices: Vec<Vec<u32>> = vec![Vec::new(); geometry.gi_profiles.len()];
+    for (name, count) in demand {
+        let idx = geometry
+            .resolve_index(name)
+            .ok_or_else(|| FitError::UnknownProfile {
+                profile: name.to_string(),
+                available: geometry.profile_list(),
+            })?;
+        if name.is_gpu_instance() {
+            gi_counts[idx] += count;
+        } else {
+            let c = name.compute_slices();
+            let g = geometry.gi_profiles[idx].compute_slices;
+            if c == 0 || c > g {
+                return Err(FitError::UnknownProfile {
+                    profile: name.to_string(),
+                    available: geometry.profile_list(),
+                });
+            }
+            ci_slices[idx].extend(std::iter::repeat_n(c, *count as usize));
+        }
+    }
+    // First-fit decreasing of compute instances into GPU instances.
+    for (idx, slices) in ci_slices.iter_mut().enumerate() {
+        slices.sort_unstable_by(|a, b| b.cmp(a));
+        let cap = geometry.gi_profiles[idx].compute_slices;
+        let mut bins: Vec<u32> = Vec::new();
+        for &c in slices.iter() {
+            match bins.iter_mut().find(|used| **used + c <= cap) {
+                Some(used) => *used += c,
+                None => bins.push(c),
+            }
+        }
+        gi_counts[idx] += bins.len() as u32;
+    }
+    let mut items = Vec::new();
+    for (idx, count) in gi_counts.iter().enumerate() {
+        items.extend(std::iter::repeat_n(idx, *count as usize));
+    }
+    // Largest first, then profile order: canonical, so fit is order-independent.
+    items.sort_by(|a, b| {
+        let (pa, pb) = (&geometry.gi_profiles[*a], &geometry.gi_profiles[*b]);
+        pb.memory_slices
+            .cmp(&pa.memory_slices)
+            .then(pb.compute_slices.cmp(&pa.compute_slices))
+            .then(a.cmp(b))
+    });
+    Ok(items)
+}
+
+fn precheck(geometry: &MigGeometry, items: &[usize]) -> Result<(), FitError> {
+    let mut counts = vec![0u32; geometry.gi_profiles.len()];
+    for &i in items {
+        counts[i] += 1;
+    }
+    for (i, &count) in counts.iter().enumerate() {
+        let p = &geometry.gi_profiles[i];
+        if count > p.max_instances {
+            return Err(FitError::TooMany {
+                profile: p.name.to_string(),
+                count,
+                max: p.max_instances,
+            });
+        }
+    }
+    let compute: u32 = items
+        .iter()
+        .map(|&i| geometry.gi_profiles[i].compute_slices)
+        .sum();
+    let memory: u32 = items
+        .iter()
+        .map(|&i| geometry.gi_profiles[i].memory_slices)
+        .sum();
+    let instances = items.len() as u32;
+    if compute > geometry.compute_slices
+        || memory > geometry.memory_slices
+        || instances > geometry.max_instances
+    {
+        return Err(FitError::Totals {
+            compute,
+            memory,
+            instances,
+            compute_available: geometry.compute_slices,
+            memory_available: geometry.memory_slices,
+            instances_available: geometry.max_instances,
+        });
+    }
+    let ofa: Vec<String> = items
+        .iter()
+        .filter(|&&i| geometry.gi_profiles[i].media.ofa > 0)
+        .map(|&i| geometry.gi_profiles[i].name.to_string())
+        .collect();
+    let ofa_used: u32 = items
+        .iter()
+        .map(|&i| geometry.gi_profiles[i].media.ofa)
+        .sum();
+    if ofa_used > geometry.ofa_engines {
+        return Err(FitError::MediaEngines(format!(
+            "{} each hold an optical-flow engine, but this GPU has {}",
+            ofa.join(", "),
+            geometry.ofa_engines
+        )));
+    }
+    let variant = |i: usize| geometry.gi_profiles[i].media_variant();
+    if let Some(&m) = items.iter().find(|&&i| variant(i) == MediaVariant::MeAll) {
+        let others: Vec<String> = items
+            .iter()
+            .filter(|&&i| variant(i) != MediaVariant::NoMe)
+            .map(|&i| geometry.gi_profiles[i].name.to_string())
+            .collect();
+        if others.len() > 1 {
+            return Err(FitError::MediaEngines(format!(
+                "{} takes all media engines, so every other instance must be a -me profile (got {})",
+                geometry.gi_profiles[m].name,
+                others.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn describe(geometry: &MigGeometry, items: &[usize]) -> String {
+    let mut parts: Vec<(String, u32)> = Vec::new();
+    for &i in items {
+        let n = geometry.gi_profiles[i].name.to_string();
+        match parts.iter_mut().find(|(p, _)| *p == n) {
+            Some((_, c)) => *c += 1,
+            None => parts.push((n, 1)),
+        }
+    }
+    parts
+        .iter()
+        .map(|(p, c)| format!("{p}={c}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Finds explicit placements for a multiset of profiles, or proves none exist.
+/// The answer depends only on the multiset, not on the order it is given in.
+pub fn fit(geometry: &MigGeometry, demand: &Demand) -> Result<Vec<PlacedInstance>, FitError> {
+    let compiled = Compiled::new(geometry).map_err(|e| FitError::Geometry(e.to_string()))?;
+    let items = expand_demand(geometry, demand)?;
+    precheck(geometry, &items)?;
+    let mut chosen = Vec::with_capacity(items.len());
+    let mut tried = 0u64;
+    if fit_dfs(
+        &compiled,
+        &items,
+        0,
+        &State::EMPTY,
+        0,
+        &mut chosen,
+        &mut tried,
+    ) {
+        Ok(chosen
+            .iter()
+            .map(|&c: &usize| to_instance(geometry, &compiled.cands[c]))
+            .collect())
+    } else {
+        Err(FitError::NoPlacement {
+            request: describe(geometry, &items),
+            tried,
+        })
+    }
+}
+
+fn fit_dfs(
+    c: &Compiled,
+    items: &[usize],
+    k: usize,
+    st: &State,
+    min_cand: usize,
+    chosen: &mut Vec<usize>,
+    tried: &mut u64,
+) -> bool {
+    if k == items.len() {
+        return true;
+    }
+    let prof = items[k];
+    let p = &c.profs[prof];
+    // Identical consecutive items take increasing placements (symmetry).
+    let from = if k > 0 && items[k - 1] == prof {
+        min_cand
+    } else {
+        p.cand_from
+    };
+    for ci in from..p.cand_to {
+        let cand = c.cands[ci];
+        *tried += 1;
+        if c.can_add(st, prof, cand.mask) {
+            let next = c.add(st, prof, cand.mask);
+            chosen.push(ci);
+            if fit_dfs(c, items, k + 1, &next, ci + 1, chosen, tried) {
+                return true;
+            }
+            chosen.pop();
+        }
+    }
+    false
+}
+
+pub(crate) fn to_instance(geometry: &MigGeometry, cand: &Cand) -> PlacedInstance {
+    PlacedInstance {
+        profile: geometry.gi_profiles[usize::from(cand.prof)].name.clone(),
+        start: u32::from(cand.start),
+    }
+}
+
+/// Why layouts cannot be enumerated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnumerateError {
+    /// A requested profile does not exist on this GPU.
+    #[error("profile {profile} does not exist on this GPU (profiles: {available})")]
+    UnknownProfile {
+        /// Profile name.
+        profile: String,
+        /// Profiles that do exist.
+        available: String,
+    },
+    /// The geometry itself is unusable.
+    #[error(transparent)]
+    Geometry(#[from] GeometryError),
+}
+
+fn selected_cands(
+    geometry: &MigGeometry,
+    compiled: &Compiled,
+    profiles: Option<&[MigProfileName]>,
+) -> Result<Vec<Cand>, EnumerateError> {
+    let Some(profiles) = profiles else {
+        return Ok(compiled.cands.clone());
+    };
+    let mut wanted = vec![false; geometry.gi_profiles.len()];
+    for name in profiles {
+        let idx = geometry
+            .resolve_index(name)
+            .ok_or_else(|| EnumerateError::UnknownProfile {
+                profile: name.to_string(),
+                available: geometry.profile_list(),
+            })?;
+        wanted[idx] = true;
+    }
+    Ok(compiled
+        .cands
+        .iter()
+        .filter(|c| wanted[usize::from(c.prof)])
+        .copied()
+        .collect())
+}
+
+/// Every valid non-empty layout using only `profiles` (all profiles when
+/// `None`), each sorted by profile order then start.
+pub fn enumerate_layouts(
+    geometry: &MigGeometry,
+    profiles: Option<&[MigProfileName]>,
+) -> Result<Vec<Vec<PlacedInstance>>, EnumerateError> {
+    enumerate(geometry, profiles, false)
+}
+
+/// Every valid layout using only `profiles` to which no further instance of
+/// those profiles can be added.
+pub fn enumerate_maximal_layouts(
+    geometry: &MigGeometry,
+    profiles: Option<&[MigProfileName]>,
+) -> Result<Vec<Vec<PlacedInstance>>, EnumerateError> {
+    enumerate(geometry, profiles, true)
+}
+
+fn enumerate(
+    geometry: &MigGeometry,
+    profiles: Option<&[MigProfileName]>,
+    maximal: bool,
+) -> Result<Vec<Vec<PlacedInstance>>, EnumerateError> {
+    let compiled = Compiled::new(geometry)?;
+    let cands = selected_cands(geometry, &compiled, profiles)?;
+    let mut out = Vec::new();
+    let mut chosen = Vec::new();
+    enum_dfs(
+        &compiled,
+        &cands,
+        0,
+        &State::EMPTY,
+        &mut chosen,
+        maximal,
+        &mut |layout: &[usize]| {
+            out.push(
+                layout
+                    .iter()
+                    .map(|&i| to_instance(geometry, &cands[i]))
+                    .collect(),
+            );
+        },
+    );
+    Ok(out)
+}
+
+fn enum_dfs(
+    c: &Compiled,
+    cands: &[Cand],
+    from: usize,
+    st: &State,
+    chosen: &mut Vec<usize>,
+    maximal: bool,
+    emit: &mut dyn FnMut(&[usize]),
+) {
+    if !chosen.is_empty() {
+        if !maximal {
+            emit(chosen);
+        } else if !cands
+            .iter()
+            .any(|cand| c.can_add(st, usize::from(cand.prof), cand.mask))
+        {
+            emit(chosen);
+            return;
+        }
+    }
+    for i in from..cands.len() {
+        let cand = cands[i];
+        let prof = usize::from(cand.prof);
+        if c.can_add(st, prof, cand.mask) {
+            let next = c.add(st, prof, cand.mask);
+            chosen.push(i);
+            enum_dfs(c, cands, i + 1, &next, chosen, maximal, emit);
+            chosen.pop();
+        }
+    }
+}
+
+/// A reconfiguration of one GPU: what to keep, destroy and create, at
+/// explicit placements.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reconfiguration {
+    /// The layout after the change.
+    pub target: Vec<PlacedInstance>,
+    /// Current instances left untouched.
+    pub keep: Vec<PlacedInstance>,
+    /// Current instances to destroy (destroy these first).
+    pub destroy: Vec<PlacedInstance>,
+    /// Instances to create with `CreateGpuInstanceWithPlacement`.
+    pub create: Vec<PlacedInstance>,
+}
+
+fn resolve_current(
+    geometry: &MigGeometry,
+    compiled: &Compiled,
+    current: &[PlacedInstance],
+) -> Result<Vec<(usize, usize)>, FitError> {
+    current
+        .iter()
+        .map(|inst| {
+            let prof = geometry
+                .resolve_index(&inst.profile)
+                .ok_or_else(|| FitError::InvalidCurrent(format!("{inst}: unknown profile")))?;
+            let cand = compiled.cand_at(prof, inst.start).ok_or_else(|| {
+                FitError::InvalidCurrent(format!("{inst}: start is not an allowed placement"))
+            })?;
+            Ok((prof, cand))
+        })
+        .collect()
+}
+
+/// Target placements for a multiset that keep as many `current` instances as
+/// possible, with the (destroy, create) diff. Deterministic.
+pub fn reconfigure(
+    geometry: &MigGeometry,
+    current: &[PlacedInstance],
+    target: &Demand,
+) -> Result<Reconfiguration, FitError> {
+    let compiled = Compiled::new(geometry).map_err(|e| FitError::Geometry(e.to_string()))?;
+    let items = expand_demand(geometry, target)?;
+    precheck(geometry, &items)?;
+    let cur = resolve_current(geometry, &compiled, current)?;
+    let mut is_current = vec![false; compiled.cands.len()];
+    for &(_, cand) in &cur {
+        is_current[cand] = true;
+    }
+    let mut best: Option<(usize, Vec<usize>)> = None;
+    let mut chosen = Vec::new();
+    let mut tried = 0u64;
+    keep_dfs(
+        &compiled,
+        &items,
+        &is_current,
+        0,
+        &State::EMPTY,
+        0,
+        0,
+        &mut chosen,
+        &mut best,
+        &mut tried,
+    );
+    let Some((_, cands)) = best else {
+        return Err(FitError::NoPlacement {
+            request: describe(geometry, &items),
+            tried,
+        });
+    };
+    let mut target_layout: Vec<PlacedInstance> = cands
+        .iter()
+        .map(|&c| to_instance(geometry, &compiled.cands[c]))
+        .collect();
+    target_layout.sort();
+    Ok(diff(current, target_layout))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn keep_dfs(
+    c: &Compiled,
+    items: &[usize],
+    is_current: &[bool],
+    k: usize,
+    st: &State,
+    min_cand: usize,
+    kept: usize,
+    chosen: &mut Vec<usize>,
+    best: &mut Option<(usize, Vec<usize>)>,
+    tried: &mut u64,
+) {
+    if let Some((b, _)) = best
+        && (kept + (items.len() - k) <= *b)
+    {
+        return;
+    }
+    if k == items.len() {
+        *best = Some((kept, chosen.clone()));
+        return;
+    }
+    let prof = items[k];
+    let p = &c.profs[prof];
+    let from = if k > 0 && items[k - 1] == prof {
+        min_cand
+    } else {
+        p.cand_from
+    };
+    // Current placements first, so a good answer is found early.
+    for pass in [true, false] {
+        for ci in from..p.cand_to {
+            if is_current[ci] != pass {
+                continue;
+            }
+            let cand = c.cands[ci];
+            *tried += 1;
+            if c.can_add(st, prof, cand.mask) {
+                let next = c.add(st, prof, cand.mask);
+                chosen.push(ci);
+                keep_dfs(
+                    c,
+                    items,
+                    is_current,
+                    k + 1,
+                    &next,
+                    ci + 1,
+                    kept + usize::from(pass),
+                    chosen,
+                    best,
+                    tried,
+                );
+                chosen.pop();
+            }
+        }
+    }
+}
+
+fn diff(current: &[PlacedInstance], target: Vec<PlacedInstance>) -> Reconfiguration {
+    let keep: Vec<PlacedInstance> = target
+        .iter()
+        .filter(|t| current.contains(t))
+        .cloned()
+        .collect();
+    let mut destroy: Vec<PlacedInstance> = current
+        .iter()
+        .filter(|c| !target.contains(c))
+        .cloned()
+        .collect();
+    destroy.sort();
+    let create = target
+        .iter()
+        .filter(|t| !current.contains(t))
+        .cloned()
+        .collect();
+    Reconfiguration {
+        target,
+        keep,
+        destroy,
+        create,
+    }
+}
+
+/// The (destroy, create) diff from `current` to an explicit `target` layout,
+/// after checking the target is valid.
+pub fn reconfigure_to_layout(
+    geometry: &MigGeometry,
+    current: &[PlacedInstance],
+    target: &[PlacedInstance],
+) -> Result<Reconfiguration, Vec<super::validate::Violation>> {
+    super::validate::validate(geometry, target)?;
+    let mut t = target.to_vec();
+    t.sort();
+    Ok(diff(current, t))
+}

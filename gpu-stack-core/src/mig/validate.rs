@@ -1,0 +1,392 @@
+//! Validation of a placed layout against a GPU's geometry (reference/mig.md §4):
+//! R1 allowed placements, R2 no overlap, R3 per-profile maximum, R4 totals,
+//! R5 (optional) the pre-R510 4g+3g restriction, R6 the optical-flow budget,
+//! R7 `+me.all` exclusivity.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::geometry::{MigGeometry, PlacedInstance};
+use super::name::MediaVariant;
+
+/// Driver-dependent switches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ValidateOptions {
+    /// Forbid a 4g and a 3g instance together, as drivers before R510 did.
+    pub pre_r510_driver: bool,
+}
+
+/// One broken rule, naming the instances involved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "rule", rename_all = "kebab-case")]
+pub enum Violation {
+    /// The profile does not exist on this GPU.
+    UnknownProfile {
+        /// The instance.
+        instance: PlacedInstance,
+        /// Profiles that do exist.
+        available: String,
+    },
+    /// A compute-instance name was given where a GPU instance is placed.
+    NotGpuInstance {
+        /// The instance.
+        instance: PlacedInstance,
+    },
+    /// R1: the start is not one of the profile's placements.
+    PlacementNotAllowed {
+        /// The instance.
+        instance: PlacedInstance,
+        /// Allowed starts.
+        allowed_starts: Vec<u32>,
+    },
+    /// R2: two instances share memory slices.
+    Overlap {
+        /// First instance.
+        first: PlacedInstance,
+        /// Second instance.
+        second: PlacedInstance,
+        /// First shared slice.
+        from: u32,
+        /// One past the last shared slice.
+        to: u32,
+    },
+    /// R3: more instances of a profile than the GPU allows.
+    TooManyOfProfile {
+        /// Profile name.
+        profile: String,
+        /// Allowed.
+        max: u32,
+        /// The instances of that profile.
+        instances: Vec<PlacedInstance>,
+    },
+    /// R4: compute slices or instance count exceed the GPU.
+    TotalsExceeded {
+        /// Compute slices used.
+        compute_used: u32,
+        /// Compute slices available.
+        compute_available: u32,
+        /// Instances.
+        instance_count: u32,
+        /// Instances allowed.
+        max_instances: u32,
+    },
+    /// R5: 4g and 3g together on a pre-R510 driver.
+    FourPlusThreeOnOldDriver {
+        /// The 4g instance.
+        four: PlacedInstance,
+        /// The 3g instance.
+        three: PlacedInstance,
+    },
+    /// R6: more optical-flow-holding instances than the GPU has OFAs.
+    MediaEnginesExceeded {
+        /// OFAs of the GPU.
+        available: u32,
+        /// Instances holding one.
+        instances: Vec<PlacedInstance>,
+    },
+    /// R7: a `+me.all` instance with another instance that is not `-me`.
+    MeAllNotExclusive {
+        /// The `+me.all` instance.
+        me_all: PlacedInstance,
+        /// Instances that are not `-me`.
+        others: Vec<PlacedInstance>,
+    },
+}
+
+fn list(v: &[PlacedInstance]) -> String {
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::UnknownProfile {
+                instance,
+                available,
+            } => write!(
+                f,
+                "{instance}: profile {} does not exist on this GPU (profiles: {available})",
+                instance.profile
+            ),
+            Violation::NotGpuInstance { instance } => write!(
+                f,
+                "{instance}: {} is a compute-instance profile; place its GPU instance {} instead",
+                instance.profile,
+                instance.profile.gpu_instance()
+            ),
+            Violation::PlacementNotAllowed {
+                instance,
+                allowed_starts,
+            } => write!(
+                f,
+                "{instance}: {} cannot start at slice {} (allowed starts: {:?})",
+                instance.profile, instance.start, allowed_starts
+            ),
+            Violation::Overlap {
+                first,
+                second,
+                from,
+                to,
+            } => write!(
+                f,
+                "{first} and {second} overlap on memory slices {from}..{}",
+                to - 1
+            ),
+            Violation::TooManyOfProfile {
+                profile,
+                max,
+                instances,
+            } => write!(
+                f,
+                "{} instances of {profile} ({}), at most {max} allowed",
+                instances.len(),
+                list(instances)
+            ),
+            Violation::TotalsExceeded {
+                compute_used,
+                compute_available,
+                instance_count,
+                max_instances,
+            } => write!(
+                f,
+                "layout uses {compute_used} of {compute_available} compute slices with {instance_count} instances (at most {max_instances})"
+            ),
+            Violation::FourPlusThreeOnOldDriver { four, three } => write!(
+                f,
+                "{four} and {three}: a 4g and a 3g instance together need an R510 or newer driver"
+            ),
+            Violation::MediaEnginesExceeded {
+                available,
+                instances,
+            } => write!(
+                f,
+                "{} hold an optical-flow engine each, but the GPU has {available}",
+                list(instances)
+            ),
+            Violation::MeAllNotExclusive { me_all, others } => write!(
+                f,
+                "{me_all} takes all media engines, so only -me instances may coexist; not -me: {}",
+                list(others)
+            ),
+        }
+    }
+}
+
+/// Validates a layout on a modern (R510+) driver.
+pub fn validate(geometry: &MigGeometry, layout: &[PlacedInstance]) -> Result<(), Vec<Violation>> {
+    validate_with(geometry, layout, ValidateOptions::default())
+}
+
+/// Validates a layout. The verdict does not depend on the order of `layout`;
+/// violations are reported in a canonical order.
+pub fn validate_with(
+    geometry: &MigGeometry,
+    layout: &[PlacedInstance],
+    options: ValidateOptions,
+) -> Result<(), Vec<Violation>> {
+    if quick_valid(geometry, layout, options) {
+        return Ok(());
+    }
+    let mut sorted = layout.to_vec();
+    sorted.sort();
+    let violations = collect(geometry, &sorted, options);
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(violations)
+    }
+}
+
+/// Allocation-free check of the common case: every rule holds.
+fn quick_valid(
+    geometry: &MigGeometry,
+    layout: &[PlacedInstance],
+    options: ValidateOptions,
+) -> bool {
+    if geometry.memory_slices > 64 || geometry.gi_profiles.len() > 32 {
+        return false;
+    }
+    let mut mask = 0u64;
+    let mut counts = [0u32; 32];
+    let (mut compute, mut ofa, mut me_all, mut not_no_me) = (0u32, 0u32, 0u32, 0u32);
+    let (mut has4, mut has3) = (false, false);
+    for inst in layout {
+        if inst.profile.has_explicit_compute() && !inst.profile.is_gpu_instance() {
+            return false;
+        }
+        let Some(idx) = geometry.resolve_index(&inst.profile) else {
+            return false;
+        };
+        let p = &geometry.gi_profiles[idx];
+        if !p.placements.iter().any(|pl| pl.start == inst.start) {
+            return false;
+        }
+        let m = slice_mask(inst.start, p.memory_slices);
+        if mask & m != 0 {
+            return false;
+        }
+        mask |= m;
+        counts[idx] += 1;
+        if counts[idx] > p.max_instances {
+            return false;
+        }
+        compute += p.compute_slices;
+        ofa += p.media.ofa;
+        match p.media_variant() {
+            MediaVariant::MeAll => {
+                me_all += 1;
+                not_no_me += 1;
+            }
+            MediaVariant::NoMe => {}
+            _ => not_no_me += 1,
+        }
+        has4 |= p.compute_slices == 4;
+        has3 |= p.compute_slices == 3;
+    }
+    compute <= geometry.compute_slices
+        && layout.len() as u32 <= geometry.max_instances
+        && ofa <= geometry.ofa_engines
+        && (me_all == 0 || not_no_me <= 1)
+        && !(options.pre_r510_driver && has4 && has3)
+}
+
+pub(crate) fn slice_mask(start: u32, size: u32) -> u64 {
+    if size >= 64 {
+        return u64::MAX;
+    }
+    ((1u64 << size) - 1).checked_shl(start).unwrap_or(0)
+}
+
+fn collect(
+    geometry: &MigGeometry,
+    layout: &[PlacedInstance],
+    options: ValidateOptions,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    // Resolved instances: (instance, profile index).
+    let mut resolved = Vec::new();
+    for inst in layout {
+        if inst.profile.has_explicit_compute() && !inst.profile.is_gpu_instance() {
+            out.push(Violation::NotGpuInstance {
+                instance: inst.clone(),
+            });
+            continue;
+        }
+        match geometry.resolve_index(&inst.profile) {
+            None => out.push(Violation::UnknownProfile {
+                instance: inst.clone(),
+                available: geometry.profile_list(),
+            }),
+            Some(idx) => {
+                let p = &geometry.gi_profiles[idx];
+                if !p.placements.iter().any(|pl| pl.start == inst.start) {
+                    out.push(Violation::PlacementNotAllowed {
+                        instance: inst.clone(),
+                        allowed_starts: p.placements.iter().map(|pl| pl.start).collect(),
+                    });
+                }
+                resolved.push((inst, idx));
+            }
+        }
+    }
+    // R2: overlap (by the profile's size, even at a disallowed start).
+    for (i, (a, ai)) in resolved.iter().enumerate() {
+        for (b, bi) in &resolved[i + 1..] {
+            let a_end = a.start + geometry.gi_profiles[*ai].memory_slices;
+            let b_end = b.start + geometry.gi_profiles[*bi].memory_slices;
+            let from = a.start.max(b.start);
+            let to = a_end.min(b_end);
+            if from < to {
+                out.push(Violation::Overlap {
+                    first: (*a).clone(),
+                    second: (*b).clone(),
+                    from,
+                    to,
+                });
+            }
+        }
+    }
+    // R3: per-profile maximum.
+    for (idx, p) in geometry.gi_profiles.iter().enumerate() {
+        let of: Vec<PlacedInstance> = resolved
+            .iter()
+            .filter(|(_, i)| *i == idx)
+            .map(|(inst, _)| (*inst).clone())
+            .collect();
+        if of.len() as u32 > p.max_instances {
+            out.push(Violation::TooManyOfProfile {
+                profile: p.name.to_string(),
+                max: p.max_instances,
+                instances: of,
+            });
+        }
+    }
+    // R4: totals.
+    let compute_used: u32 = resolved
+        .iter()
+        .map(|(_, i)| geometry.gi_profiles[*i].compute_slices)
+        .sum();
+    let instance_count = layout.len() as u32;
+    if compute_used > geometry.compute_slices || instance_count > geometry.max_instances {
+        out.push(Violation::TotalsExceeded {
+            compute_used,
+            compute_available: geometry.compute_slices,
+            instance_count,
+            max_instances: geometry.max_instances,
+        });
+    }
+    // R5: 4g + 3g on old drivers.
+    if options.pre_r510_driver {
+        let find = |g: u32| {
+            resolved
+                .iter()
+                .find(|(_, i)| geometry.gi_profiles[*i].compute_slices == g)
+        };
+        if let (Some((four, _)), Some((three, _))) = (find(4), find(3)) {
+            out.push(Violation::FourPlusThreeOnOldDriver {
+                four: (*four).clone(),
+                three: (*three).clone(),
+            });
+        }
+    }
+    // R6: optical-flow budget.
+    let ofa_holders: Vec<PlacedInstance> = resolved
+        .iter()
+        .filter(|(_, i)| geometry.gi_profiles[*i].media.ofa > 0)
+        .map(|(inst, _)| (*inst).clone())
+        .collect();
+    let ofa_used: u32 = resolved
+        .iter()
+        .map(|(_, i)| geometry.gi_profiles[*i].media.ofa)
+        .sum();
+    if ofa_used > geometry.ofa_engines {
+        out.push(Violation::MediaEnginesExceeded {
+            available: geometry.ofa_engines,
+            instances: ofa_holders,
+        });
+    }
+    // R7: +me.all exclusivity.
+    for (inst, idx) in &resolved {
+        if geometry.gi_profiles[*idx].media_variant() == MediaVariant::MeAll {
+            let others: Vec<PlacedInstance> = resolved
+                .iter()
+                .filter(|(o, oi)| {
+                    !std::ptr::eq(*o, *inst)
+                        && geometry.gi_profiles[*oi].media_variant() != MediaVariant::NoMe
+                })
+                .map(|(o, _)| (*o).clone())
+                .collect();
+            if !others.is_empty() {
+                out.push(Violation::MeAllNotExclusive {
+                    me_all: (*inst).clone(),
+                    others,
+                });
+            }
+        }
+    }
+    out
+}
