@@ -3,5 +3,6 @@
 //! No I/O and no async runtime live here: every function takes data and returns
 //! data, so the operator, the node agents and the CLI share one tested brain.
 pub mod backend;
+pub mod deviceplugin;
 pub mod metrics;
 pub mod operator;
