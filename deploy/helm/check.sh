@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Lints and renders the gpu-stack chart with helm built from its Go module
+# (tools/helm). Fails if the chart's CRD differs from the generated one in
+# deploy/crds/, if lint finds a problem, or if a rendering misses an object.
+# Usage: deploy/helm/check.sh
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+chart="$root/deploy/helm/gpu-stack"
+helm="$("$root/tools/helm/build.sh")"
+
+# The chart ships the CRD generated from the Rust types; keep them identical.
+for crd in "$root"/deploy/crds/*.yaml; do
+  [ -e "$crd" ] || continue
+  copy="$chart/crds/$(basename "$crd")"
+  if ! cmp -s "$crd" "$copy"; then
+    echo "deploy/helm/check.sh: $copy differs from $crd; run: cp $crd $copy" >&2
+    exit 1
+  fi
+done
+
+nice "$helm" lint --strict "$chart"
+
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator --include-crds >"$out/default.yaml"
+kinds="ServiceAccount ClusterRole ClusterRoleBinding Role RoleBinding Deployment Service ClusterPolicy"
+if compgen -G "$chart/crds/*.yaml" >/dev/null; then kinds="CustomResourceDefinition $kinds"; fi
+for kind in $kinds; do
+  if ! grep -q "^kind: $kind\$" "$out/default.yaml"; then
+    echo "deploy/helm/check.sh: default rendering has no $kind" >&2
+    exit 1
+  fi
+done
+grep -q '^  replicas: 2$' "$out/default.yaml" || { echo "deploy/helm/check.sh: operator is not 2 replicas" >&2; exit 1; }
+
+# Knobs: no default ClusterPolicy, a component disabled, an image override.
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator \
+  --set clusterPolicy.deployCR=false >"$out/nocr.yaml"
+if grep -q '^kind: ClusterPolicy$' "$out/nocr.yaml"; then
+  echo "deploy/helm/check.sh: clusterPolicy.deployCR=false still renders a ClusterPolicy" >&2
+  exit 1
+fi
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator \
+  --set dcgmExporter.enabled=false --set devicePlugin.version=v9.9.9 >"$out/knobs.yaml"
+grep -A1 '^  dcgmExporter:$' "$out/knobs.yaml" | grep -q 'enabled: false' \
+  || { echo "deploy/helm/check.sh: dcgmExporter.enabled=false not passed to the ClusterPolicy" >&2; exit 1; }
+grep -q 'version: v9.9.9' "$out/knobs.yaml" \
+  || { echo "deploy/helm/check.sh: devicePlugin.version not passed to the ClusterPolicy" >&2; exit 1; }
+echo "helm chart: lint and template OK"
