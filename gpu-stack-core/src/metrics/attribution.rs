@@ -109,8 +109,15 @@ pub fn attribute(
     let mut by_id: BTreeMap<&str, &str> = BTreeMap::new();
     for e in entities {
         by_id.insert(e.device_uuid(), e.device_uuid());
-        if e.mig.is_none() {
-            by_id.insert(e.device.as_str(), e.device_uuid());
+        match &e.mig {
+            None => {
+                by_id.insert(e.device.as_str(), e.device_uuid());
+            }
+            Some(m) => {
+                for other in &m.other_uuids {
+                    by_id.insert(other.as_str(), e.device_uuid());
+                }
+            }
         }
     }
     let mut by_device: BTreeMap<String, Vec<Attribution>> = BTreeMap::new();
@@ -159,6 +166,7 @@ mod tests {
                 profile: "1g.5gb".into(),
                 gi_id: gi,
                 uuid: format!("MIG-{i}-{gi}"),
+                other_uuids: vec![format!("MIG-{i}-{gi}-ci1")],
             }),
             ..gpu(i)
         }
@@ -180,6 +188,7 @@ mod tests {
         let entries = vec![
             entry("a", "nvidia.com/gpu", &["GPU-0"]),
             entry("b", "nvidia.com/mig-1g.5gb", &["MIG-2-7"]),
+            entry("b2", "nvidia.com/mig-1g.5gb", &["MIG-2-7-ci1"]),
             entry("c", "nvidia.com/gpu", &["nvidia1"]),
             entry("d", "nvidia.com/gpu.shared", &["GPU-3::1"]),
             entry("e", "nvidia.com/gpu.shared", &["GPU-3::2"]),
@@ -193,7 +202,12 @@ mod tests {
         assert_eq!(a.for_entity(&ents[0])[0].pod, "a");
         assert_eq!(a.for_entity(&ents[0]).len(), 1);
         assert_eq!(a.for_entity(&ents[1])[0].pod, "c");
-        assert_eq!(a.for_entity(&ents[2])[0].pod, "b");
+        let mig_pods: Vec<&str> = a
+            .for_entity(&ents[2])
+            .iter()
+            .map(|x| x.pod.as_str())
+            .collect();
+        assert_eq!(mig_pods, vec!["b", "b2"]);
         let shared: Vec<&str> = a
             .for_entity(&ents[3])
             .iter()

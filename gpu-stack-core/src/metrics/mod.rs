@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod counters;
 pub mod format;
 pub mod render;
+pub mod snapshot;
 pub mod xid;
 
 pub use attribution::{
@@ -21,4 +22,5 @@ pub use format::Value;
 pub use render::{
     EntityIdentity, EntitySample, Format, MigIdentity, RenderOptions, render, render_into,
 };
+pub use snapshot::{GpuRound, NvlinkMark, ReadError, gpu_identity, gpu_samples, nvlink_rate_mib_s};
 pub use xid::{XidWindow, xid_message};

@@ -27,6 +27,9 @@ pub struct MigIdentity {
     pub gi_id: u32,
     /// The MIG device UUID (`MIG-...`), used for pod attribution.
     pub uuid: String,
+    /// MIG device UUIDs of further compute instances in the same GPU instance;
+    /// pods holding them are attributed to this entity too.
+    pub other_uuids: Vec<String>,
 }
 
 /// What identifies a series' entity: a whole GPU or one GPU instance.
@@ -346,6 +349,7 @@ DCGM_FI_DEV_POWER_USAGE{gpu=\"0\",UUID=\"GPU-00000000-aaaa-bbbb-cccc-ddddddddddd
             profile: "3g.20gb".into(),
             gi_id: 2,
             uuid: "MIG-x".into(),
+            other_uuids: Vec::new(),
         });
         let mut s = EntitySample::new(id.clone());
         s.set(Field::XidErrors, Value::Int(79));
