@@ -1,0 +1,142 @@
+//! Where the control plane's sources, cached binaries and runtime state live,
+//! and which loopback ports it uses.
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+
+/// Default first port; six consecutive ports from here are used.
+pub const DEFAULT_PORT_BASE: u16 = 26440;
+
+/// Environment variable the end-to-end helper reads to find the cluster.
+pub const E2E_KUBECONFIG_ENV: &str = "GPU_STACK_E2E_KUBECONFIG";
+
+/// Annotation kwok is told to manage; fake nodes carry it.
+pub const KWOK_NODE_SELECTOR: &str = "kwok.x-k8s.io/node=fake";
+
+/// The six loopback ports of a cluster.
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    pub etcd_client: u16,
+    pub etcd_peer: u16,
+    pub apiserver: u16,
+    pub controller_manager: u16,
+    pub scheduler: u16,
+    pub kwok: u16,
+}
+
+impl Ports {
+    fn from_base(base: u16) -> Result<Self> {
+        if base < 1024 || base > u16::MAX - 6 {
+            bail!(
+                "port base {base} is out of range: pick a value between 1024 and {} \
+                 (--port-base or GPU_STACK_CLUSTER_PORT_BASE)",
+                u16::MAX - 6
+            );
+        }
+        Ok(Self {
+            etcd_client: base,
+            etcd_peer: base + 1,
+            apiserver: base + 2,
+            controller_manager: base + 3,
+            scheduler: base + 4,
+            kwok: base + 5,
+        })
+    }
+
+    /// Every port with the component that listens on it.
+    pub fn all(&self) -> [(&'static str, u16); 6] {
+        [
+            ("etcd (client)", self.etcd_client),
+            ("etcd (peer)", self.etcd_peer),
+            ("kube-apiserver", self.apiserver),
+            ("kube-controller-manager", self.controller_manager),
+            ("kube-scheduler", self.scheduler),
+            ("kwok", self.kwok),
+        ]
+    }
+}
+
+/// Resolved paths and ports for one invocation.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub repo: PathBuf,
+    pub state: PathBuf,
+    pub cache: PathBuf,
+    pub ports: Ports,
+}
+
+impl Layout {
+    pub fn new(state: Option<PathBuf>, cache: Option<PathBuf>, port_base: u16) -> Result<Self> {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let state = state.unwrap_or_else(|| repo.join(".cache").join("cluster"));
+        let cache = match cache {
+            Some(dir) => dir,
+            None => default_cache_dir()?,
+        };
+        Ok(Self {
+            state: absolute(&state),
+            cache: absolute(&cache),
+            repo,
+            ports: Ports::from_base(port_base)?,
+        })
+    }
+
+    /// Go wrapper modules (committed).
+    pub fn tools(&self) -> PathBuf {
+        self.repo.join("tools").join("control-plane")
+    }
+
+    /// Built binaries (cached, never committed).
+    pub fn bin(&self) -> PathBuf {
+        self.cache.join("bin")
+    }
+
+    pub fn binary(&self, name: &str) -> PathBuf {
+        self.bin().join(name)
+    }
+
+    pub fn pki(&self) -> PathBuf {
+        self.state.join("pki")
+    }
+
+    pub fn logs(&self) -> PathBuf {
+        self.state.join("logs")
+    }
+
+    pub fn pids(&self) -> PathBuf {
+        self.state.join("pids")
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.state.join("kubeconfig")
+    }
+
+    pub fn apiserver_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.ports.apiserver)
+    }
+}
+
+/// `$XDG_CACHE_HOME/gpu-stack/control-plane`, else `~/.cache/...`: outside the
+/// checkout so a fresh clone (as CI uses) reuses the binaries.
+fn default_cache_dir() -> Result<PathBuf> {
+    if let Some(xdg) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(xdg).join("gpu-stack").join("control-plane"));
+    }
+    match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        Some(home) => Ok(PathBuf::from(home)
+            .join(".cache")
+            .join("gpu-stack")
+            .join("control-plane")),
+        None => bail!(
+            "neither XDG_CACHE_HOME nor HOME is set: pass --cache-dir (or set \
+             GPU_STACK_CONTROL_PLANE_CACHE) to say where control-plane binaries are cached"
+        ),
+    }
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
