@@ -6,3 +6,4 @@ pub mod backend;
 pub mod deviceplugin;
 pub mod metrics;
 pub mod operator;
+pub mod migmanager;
