@@ -8,6 +8,7 @@
 
 mod geometry;
 mod name;
+mod plan;
 mod search;
 mod validate;
 
@@ -17,6 +18,7 @@ pub use geometry::{
     parse_demand, parse_layout,
 };
 pub use name::{MediaVariant, MigProfileName, ProfileNameError};
+pub use plan::{FleetGpu, FleetPlan, GpuPlan, PlanError, ProfileOutcome, plan_fleet};
 pub use search::{
     EnumerateError, FitError, Reconfiguration, enumerate_layouts, enumerate_maximal_layouts, fit,
     reconfigure, reconfigure_to_layout,

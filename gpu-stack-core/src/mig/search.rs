@@ -18,6 +18,7 @@ pub(crate) struct Compiled {
     pub(crate) profs: Vec<Prof>,
     /// Candidates ordered by profile, then start.
     pub(crate) cands: Vec<Cand>,
+    pub(crate) memory_slices: u32,
     compute_slices: u32,
     max_instances: u32,
     ofa_engines: u32,
@@ -56,6 +57,11 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// Memory slices occupied.
+    pub(crate) fn used_slices(&self) -> u32 {
+        self.mask.count_ones()
+    }
+
     pub(crate) const EMPTY: State = State {
         mask: 0,
         counts: [0; 32],
@@ -99,6 +105,7 @@ impl Compiled {
         Ok(Compiled {
             profs,
             cands,
+            memory_slices: geometry.memory_slices,
             compute_slices: geometry.compute_slices,
             max_instances: geometry.max_instances,
             ofa_engines: geometry.ofa_engines,

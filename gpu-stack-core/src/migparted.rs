@@ -1,0 +1,524 @@
+//! mig-parted configuration files (`version: v1`, `mig-configs`), parsed with
+//! mig-parted's own validation rules, and checked against GPU geometries.
+//!
+//! The file NVIDIA ships for the MIG manager is embedded as
+//! [`DEFAULT_CONFIG_YAML`]; the operator and MIG manager use it when no
+//! config map is given.
+
+use std::fmt;
+
+use serde::Serialize;
+use serde_yaml::Value;
+
+use crate::catalog::{GpuModel, format_pci_id, parse_pci_id};
+use crate::mig::{self, Demand, MigProfileName, PlacedInstance};
+
+/// NVIDIA's published default mig-parted config file.
+pub const DEFAULT_CONFIG_YAML: &str = include_str!("../data/mig-parted-config-default.yaml");
+
+/// A parsed config file; configs keep file order.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct MigPartedConfig {
+    /// Always `v1` (empty for an empty document).
+    pub version: String,
+    /// Named configs in file order.
+    pub mig_configs: Vec<NamedConfig>,
+}
+
+/// One named config (`all-balanced`, ...).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NamedConfig {
+    /// Config name.
+    pub name: String,
+    /// Entries, applied in order.
+    pub entries: Vec<MigConfigSpec>,
+}
+
+/// One entry of a named config.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigConfigSpec {
+    /// GPUs it applies to by PCI id; empty = every GPU.
+    pub device_filter: Vec<DeviceId>,
+    /// GPU indices it applies to.
+    pub devices: Devices,
+    /// Whether MIG mode is on.
+    pub mig_enabled: bool,
+    /// Profile → count, in file order.
+    pub mig_devices: Vec<(MigProfileName, u32)>,
+}
+
+/// `devices: all | [0, 1]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Devices {
+    /// Every GPU.
+    All,
+    /// These indices.
+    Indices(Vec<u32>),
+}
+
+impl Devices {
+    /// Whether GPU `index` is selected.
+    pub fn includes(&self, index: u32) -> bool {
+        match self {
+            Devices::All => true,
+            Devices::Indices(v) => v.contains(&index),
+        }
+    }
+}
+
+impl fmt::Display for Devices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Devices::All => f.write_str("all"),
+            Devices::Indices(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+/// A `device-filter` entry: `0x20B010DE` or `0x20B010DE:0x147E10DE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DeviceId {
+    /// PCI `<device><vendor>`.
+    pub device: u32,
+    /// PCI `<subdevice><subvendor>`, when given.
+    pub subsystem: Option<u32>,
+}
+
+impl DeviceId {
+    /// Parses `0x20B010DE[:0x147E10DE]`.
+    pub fn parse(s: &str) -> Option<DeviceId> {
+        let (dev, sub) = match s.split_once(':') {
+            Some((d, s)) => (d, Some(s)),
+            None => (s, None),
+        };
+        let device = parse_pci_id(dev)?;
+        let subsystem = match sub {
+            Some(s) => Some(parse_pci_id(s)?),
+            None => None,
+        };
+        Some(DeviceId { device, subsystem })
+    }
+
+    /// Whether a GPU with these ids matches.
+    pub fn matches(&self, device: u32, subsystem: Option<u32>) -> bool {
+        self.device == device
+            && match self.subsystem {
+                None => true,
+                Some(s) => subsystem == Some(s),
+            }
+    }
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_pci_id(self.device))?;
+        if let Some(s) = self.subsystem {
+            write!(f, ":{}", format_pci_id(s))?;
+        }
+        Ok(())
+    }
+}
+
+impl MigConfigSpec {
+    /// Whether the entry's filter admits a GPU with these PCI ids.
+    pub fn matches_device(&self, device: u32, subsystem: Option<u32>) -> bool {
+        self.device_filter.is_empty()
+            || self
+                .device_filter
+                .iter()
+                .any(|f| f.matches(device, subsystem))
+    }
+
+    /// Whether the entry applies to a catalog model (any of its PCI ids).
+    pub fn matches_model(&self, model: &GpuModel) -> bool {
+        model
+            .pci_device_ids
+            .iter()
+            .any(|id| self.matches_device(*id, None))
+    }
+
+    /// The profile counts as a demand.
+    pub fn demand(&self) -> Demand {
+        self.mig_devices.clone()
+    }
+}
+
+/// A config file that mig-parted would reject.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("mig-parted config: {path}: {reason}")]
+pub struct MigPartedError {
+    /// Where in the file (`mig-configs.all-balanced[2].mig-devices`).
+    pub path: String,
+    /// What is wrong and how to fix it.
+    pub reason: String,
+}
+
+fn err(path: impl Into<String>, reason: impl Into<String>) -> MigPartedError {
+    MigPartedError {
+        path: path.into(),
+        reason: reason.into(),
+    }
+}
+
+fn key_str(k: &Value, path: &str) -> Result<String, MigPartedError> {
+    k.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| err(path, format!("keys must be strings, found {k:?}")))
+}
+
+impl MigPartedConfig {
+    /// The embedded default file, parsed.
+    pub fn default_config() -> Result<MigPartedConfig, MigPartedError> {
+        MigPartedConfig::from_yaml(DEFAULT_CONFIG_YAML)
+    }
+
+    /// Names of all configs.
+    pub fn names(&self) -> Vec<&str> {
+        self.mig_configs.iter().map(|c| c.name.as_str()).collect()
+    }
+
+    /// A config by name.
+    pub fn get(&self, name: &str) -> Option<&NamedConfig> {
+        self.mig_configs.iter().find(|c| c.name == name)
+    }
+
+    /// Parses with mig-parted's rules (reference/mig.md §8.1).
+    pub fn from_yaml(text: &str) -> Result<MigPartedConfig, MigPartedError> {
+        let doc: Value =
+            serde_yaml::from_str(text).map_err(|e| err("(document)", format!("not YAML: {e}")))?;
+        let map = match doc {
+            Value::Null => return Ok(MigPartedConfig::default()),
+            Value::Mapping(m) => m,
+            other => {
+                return Err(err(
+                    "(document)",
+                    format!("expected a mapping with version and mig-configs, found {other:?}"),
+                ));
+            }
+        };
+        let mut version = None;
+        let mut configs = None;
+        for (k, v) in &map {
+            match key_str(k, "(document)")?.as_str() {
+                "version" => version = Some(v),
+                "mig-configs" => configs = Some(v),
+                other => {
+                    return Err(err(
+                        other,
+                        "unknown top-level field; only version and mig-configs are allowed",
+                    ));
+                }
+            }
+        }
+        let version = match version {
+            Some(Value::String(s)) if s == "v1" => s.clone(),
+            Some(v) => {
+                return Err(err(
+                    "version",
+                    format!("unsupported version {v:?}; only v1 exists"),
+                ));
+            }
+            None => return Err(err("version", "missing; add `version: v1`")),
+        };
+        let configs = match configs {
+            Some(Value::Mapping(m)) if !m.is_empty() => m,
+            Some(Value::Mapping(_)) => {
+                return Err(err("mig-configs", "is empty; define at least one config"));
+            }
+            Some(v) => {
+                return Err(err(
+                    "mig-configs",
+                    format!("must map config names to lists, found {v:?}"),
+                ));
+            }
+            None => return Err(err("mig-configs", "missing")),
+        };
+        let mut mig_configs = Vec::new();
+        for (k, v) in configs {
+            let name = key_str(k, "mig-configs")?;
+            let path = format!("mig-configs.{name}");
+            let Value::Sequence(items) = v else {
+                return Err(err(path, "must be a list of entries"));
+            };
+            if items.is_empty() {
+                return Err(err(path, "has no entries"));
+            }
+            let entries = items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| parse_spec(item, &format!("{path}[{i}]")))
+                .collect::<Result<Vec<_>, _>>()?;
+            mig_configs.push(NamedConfig { name, entries });
+        }
+        Ok(MigPartedConfig {
+            version,
+            mig_configs,
+        })
+    }
+}
+
+fn parse_spec(v: &Value, path: &str) -> Result<MigConfigSpec, MigPartedError> {
+    let Value::Mapping(m) = v else {
+        return Err(err(path, "an entry must be a mapping"));
+    };
+    let (mut filter, mut devices, mut enabled, mut mig_devices) = (None, None, None, None);
+    for (k, v) in m {
+        match key_str(k, path)?.as_str() {
+            "device-filter" => filter = Some(v),
+            "devices" => devices = Some(v),
+            "mig-enabled" => enabled = Some(v),
+            "mig-devices" => mig_devices = Some(v),
+            other => {
+                return Err(err(
+                    format!("{path}.{other}"),
+                    "unknown field; allowed: device-filter, devices, mig-enabled, mig-devices",
+                ));
+            }
+        }
+    }
+    let fpath = format!("{path}.device-filter");
+    let device_filter = match filter {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![parse_filter(s, &fpath)?],
+        Some(Value::Sequence(list)) => list
+            .iter()
+            .map(|x| match x {
+                Value::String(s) => parse_filter(s, &fpath),
+                other => Err(err(&fpath, format!("{other:?} is not a string"))),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(err(
+                fpath,
+                format!("must be a string or a list of strings, found {other:?}"),
+            ));
+        }
+    };
+    let dpath = format!("{path}.devices");
+    let devices = match devices {
+        None => return Err(err(dpath, "missing; use `all` or a list of GPU indices")),
+        Some(Value::String(s)) if s == "all" => Devices::All,
+        Some(Value::Sequence(list)) => Devices::Indices(
+            list.iter()
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| {
+                            err(&dpath, format!("{x:?} is not a non-negative GPU index"))
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        Some(other) => {
+            return Err(err(
+                dpath,
+                format!("must be exactly \"all\" or a list of GPU indices, found {other:?}"),
+            ));
+        }
+    };
+    let epath = format!("{path}.mig-enabled");
+    let mig_enabled = match enabled {
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(err(
+                epath,
+                format!("must be true or false, found {other:?}"),
+            ));
+        }
+        None => return Err(err(epath, "missing; set true or false")),
+    };
+    let mpath = format!("{path}.mig-devices");
+    let mut devices_list = Vec::new();
+    let present = match mig_devices {
+        None | Some(Value::Null) => false,
+        Some(Value::Mapping(md)) => {
+            for (k, v) in md {
+                let key = key_str(k, &mpath)?;
+                let name = MigProfileName::parse(&key)
+                    .map_err(|e| err(format!("{mpath}.{key}"), e.to_string()))?;
+                let count = v.as_i64().ok_or_else(|| {
+                    err(
+                        format!("{mpath}.{key}"),
+                        format!("count {v:?} is not an integer"),
+                    )
+                })?;
+                if count < 0 {
+                    return Err(err(format!("{mpath}.{key}"), "count is negative"));
+                }
+                let count = u32::try_from(count)
+                    .map_err(|_| err(format!("{mpath}.{key}"), "count is too large"))?;
+                if devices_list.iter().any(|(n, _)| *n == name) {
+                    return Err(err(format!("{mpath}.{key}"), "profile is listed twice"));
+                }
+                devices_list.push((name, count));
+            }
+            true
+        }
+        Some(other) => {
+            return Err(err(
+                mpath,
+                format!("must map profile names to counts, found {other:?}"),
+            ));
+        }
+    };
+    if mig_enabled && !present {
+        return Err(err(
+            mpath,
+            "missing while mig-enabled is true; list profiles (or {} for MIG on with no devices)",
+        ));
+    }
+    if !mig_enabled && !devices_list.is_empty() {
+        return Err(err(
+            mpath,
+            "given while mig-enabled is false; remove it or enable MIG",
+        ));
+    }
+    if !devices_list.is_empty() && devices_list.iter().all(|(_, c)| *c == 0) {
+        return Err(err(
+            mpath,
+            "all counts are 0; give at least one non-zero count",
+        ));
+    }
+    Ok(MigConfigSpec {
+        device_filter,
+        devices,
+        mig_enabled,
+        mig_devices: devices_list,
+    })
+}
+
+fn parse_filter(s: &str, path: &str) -> Result<DeviceId, MigPartedError> {
+    DeviceId::parse(s).ok_or_else(|| {
+        err(
+            path,
+            format!("{s:?} is not a PCI id like 0x20B010DE or 0x20B010DE:0x147E10DE"),
+        )
+    })
+}
+
+/// Verdict on one config entry for one GPU model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", rename_all = "kebab-case")]
+pub enum EntryVerdict {
+    /// MIG off: nothing to place.
+    Disabled,
+    /// Fits; a placement that realises it.
+    Valid {
+        /// Explicit placements.
+        layout: Vec<PlacedInstance>,
+    },
+    /// Cannot be applied.
+    Invalid {
+        /// Why not.
+        reason: String,
+    },
+}
+
+/// One entry checked against one model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EntryCheck {
+    /// Index of the entry in the config.
+    pub entry: usize,
+    /// GPU indices it selects.
+    pub devices: String,
+    /// The verdict.
+    #[serde(flatten)]
+    pub verdict: EntryVerdict,
+}
+
+/// One named config checked against one model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConfigCheck {
+    /// Config name.
+    pub config: String,
+    /// Model name.
+    pub model: String,
+    /// `valid`, `invalid` or `not-applicable` (no entry matches the model).
+    pub status: CheckStatus,
+    /// Matching entries.
+    pub entries: Vec<EntryCheck>,
+}
+
+/// Summary of a [`ConfigCheck`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckStatus {
+    /// Every matching entry can be applied.
+    Valid,
+    /// Some matching entry cannot.
+    Invalid,
+    /// No entry's device-filter matches the model.
+    NotApplicable,
+}
+
+impl fmt::Display for CheckStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CheckStatus::Valid => "valid",
+            CheckStatus::Invalid => "invalid",
+            CheckStatus::NotApplicable => "not-applicable",
+        })
+    }
+}
+
+/// Checks one entry against a model's geometry.
+pub fn check_entry(spec: &MigConfigSpec, model: &GpuModel) -> EntryVerdict {
+    if !spec.mig_enabled {
+        return EntryVerdict::Disabled;
+    }
+    let Some(geometry) = &model.mig else {
+        return EntryVerdict::Invalid {
+            reason: format!("{} does not support MIG", model.name),
+        };
+    };
+    let demand: Demand = spec
+        .mig_devices
+        .iter()
+        .filter(|(_, c)| *c > 0)
+        .cloned()
+        .collect();
+    match mig::fit(geometry, &demand) {
+        Ok(layout) => EntryVerdict::Valid { layout },
+        Err(e) => EntryVerdict::Invalid {
+            reason: e.to_string(),
+        },
+    }
+}
+
+/// Checks every named config against every given model.
+pub fn check(config: &MigPartedConfig, models: &[&GpuModel]) -> Vec<ConfigCheck> {
+    let mut out = Vec::new();
+    for named in &config.mig_configs {
+        for model in models {
+            let entries: Vec<EntryCheck> = named
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.matches_model(model))
+                .map(|(i, e)| EntryCheck {
+                    entry: i,
+                    devices: e.devices.to_string(),
+                    verdict: check_entry(e, model),
+                })
+                .collect();
+            let status = if entries.is_empty() {
+                CheckStatus::NotApplicable
+            } else if entries
+                .iter()
+                .all(|e| !matches!(e.verdict, EntryVerdict::Invalid { .. }))
+            {
+                CheckStatus::Valid
+            } else {
+                CheckStatus::Invalid
+            };
+            out.push(ConfigCheck {
+                config: named.name.clone(),
+                model: model.name.clone(),
+                status,
+                entries,
+            });
+        }
+    }
+    out
+}
