@@ -3,7 +3,12 @@
 //! No I/O and no async runtime live here: every function takes data and returns
 //! data, so the operator, the node agents and the CLI share one tested brain.
 pub mod backend;
+pub mod catalog;
 pub mod deviceplugin;
 pub mod metrics;
-pub mod operator;
+pub mod mig;
 pub mod migmanager;
+pub mod operator;
+pub mod fleet;
+pub mod migparted;
+pub mod gfd;
