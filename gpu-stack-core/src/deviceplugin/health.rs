@@ -260,6 +260,21 @@ impl HealthTracker {
         self.unhealthy_reason(uuid, gpu_uuid).is_none()
     }
 
+    /// UUIDs with a fault whose condition has not been reported cleared yet,
+    /// so callers know which devices to probe.
+    pub fn uncleared(&self) -> Vec<String> {
+        self.faults
+            .iter()
+            .filter(|(_, f)| !f.cleared)
+            .map(|(u, _)| u.clone())
+            .collect()
+    }
+
+    /// Whether a fault that covers every device is pending.
+    pub fn all_devices_faulted(&self) -> bool {
+        self.all.is_some()
+    }
+
     /// Earliest time at which a pending recovery could happen, so callers know
     /// when to call [`HealthTracker::tick`].
     pub fn next_recovery_ms(&self) -> Option<u64> {
