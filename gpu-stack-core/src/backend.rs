@@ -573,6 +573,111 @@ pub trait GpuBackend: Send + Sync {
     fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError>;
 }
 
+/// Telemetry profile of a simulated GPU: the centre and spread of its load.
+/// Written in fleet files under a node or a GPU (`telemetry:`); all fields optional.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SimTelemetry {
+    /// Seed of the deterministic generator; the same seed gives the same samples.
+    pub seed: u64,
+    /// Mean GPU utilisation in percent (0..=100).
+    pub utilization_pct: u32,
+    /// Spread around the mean, in percent points.
+    pub jitter_pct: u32,
+    /// Share of usable framebuffer memory in use, in percent (0..=100).
+    pub memory_used_pct: u32,
+    /// Milliseconds per telemetry tick (a new sample every tick).
+    pub tick_ms: u64,
+}
+
+impl Default for SimTelemetry {
+    fn default() -> Self {
+        SimTelemetry {
+            seed: 0x5eed,
+            utilization_pct: 40,
+            jitter_pct: 15,
+            memory_used_pct: 30,
+            tick_ms: 1000,
+        }
+    }
+}
+
+/// A class of backend calls a fault applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CallClass {
+    /// Inventory: `gpu_info`, `mig_mode`, profiles, instance lists.
+    Inventory,
+    /// MIG changes: mode, create, destroy, reset.
+    MigChange,
+    /// Telemetry samples.
+    Telemetry,
+    /// Every call on the GPU.
+    All,
+}
+
+/// The error a failing call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultError {
+    /// [`BackendError::Other`] ("unknown error", as NVML_ERROR_UNKNOWN).
+    Unknown,
+    /// [`BackendError::NoPermission`].
+    NoPermission,
+    /// [`BackendError::NotSupported`].
+    NotSupported,
+    /// [`BackendError::Timeout`].
+    Timeout,
+    /// [`BackendError::GpuLost`].
+    GpuLost,
+}
+
+/// What goes wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Fault {
+    /// An Xid error is raised (a health event; `last_xid` changes).
+    Xid {
+        /// The Xid number.
+        xid: u64,
+        /// The GPU instance it is attributed to, if any.
+        #[serde(default, rename = "gpu-instance")]
+        gpu_instance: Option<u32>,
+    },
+    /// The GPU falls off the bus: Xid 79, a GPU-lost event, then every call fails.
+    FallOffBus,
+    /// Calls of a class start failing with `error`.
+    FailCalls {
+        /// Which calls.
+        calls: CallClass,
+        /// With what.
+        error: FaultError,
+    },
+    /// Calls of a class become slow.
+    SlowCalls {
+        /// Which calls.
+        calls: CallClass,
+        /// Added latency per call in milliseconds.
+        #[serde(rename = "delay-ms")]
+        delay_ms: u64,
+    },
+}
+
+/// A fault scheduled on a simulated node. Written in fleet files under a node
+/// (`faults:`), or injected at runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct FaultSpec {
+    /// GPU index; `None` means every GPU of the node.
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    /// When, in milliseconds after the node's simulation started (0 = at once).
+    #[serde(default)]
+    pub at_ms: u64,
+    /// What goes wrong.
+    pub fault: Fault,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -608,6 +713,27 @@ mod tests {
         assert_eq!(v.clone().map(|x| x * 2), Reading::Value(14));
         assert!(ns.is_not_supported());
         assert_eq!(v.value(), Some(&7));
+    }
+
+    #[test]
+    fn fault_specs_parse_from_yaml() {
+        let yaml = "- {gpu: 0, at-ms: 5000, fault: {type: xid, xid: 48}}\n- {gpu: 3, fault: {type: fall-off-bus}}\n- {fault: {type: slow-calls, calls: telemetry, delay-ms: 20}}\n";
+        let faults: Vec<FaultSpec> = serde_yaml::from_str(yaml).unwrap();
+        assert_eq!(faults.len(), 3);
+        assert_eq!(
+            faults[0].fault,
+            Fault::Xid {
+                xid: 48,
+                gpu_instance: None
+            }
+        );
+        assert_eq!(faults[1].at_ms, 0);
+        assert_eq!(faults[2].gpu, None);
+        let bad: Result<Vec<FaultSpec>, _> = serde_yaml::from_str("- {fault: {type: melt}}\n");
+        assert!(bad.is_err());
+        let t: SimTelemetry = serde_yaml::from_str("utilization-pct: 90\n").unwrap();
+        assert_eq!(t.utilization_pct, 90);
+        assert_eq!(t.tick_ms, SimTelemetry::default().tick_ms);
     }
 
     #[test]

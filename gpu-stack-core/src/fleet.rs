@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::{FaultSpec, SimTelemetry};
 use crate::catalog::{self, GpuModel};
 use crate::mig::{self, FleetGpu, PlacedInstance};
 
@@ -47,6 +48,26 @@ pub struct FleetNode {
     /// GPU groups on the node.
     #[serde(default)]
     pub gpus: Vec<FleetGpuSpec>,
+    /// Simulated GPUs: telemetry profile of the node's GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<SimTelemetry>,
+    /// Simulated GPUs: faults to inject (Xid, falling off the bus, failing or slow calls).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FaultSpec>,
+    /// Simulated GPUs: MIG mode changes wait for a GPU reset.
+    #[serde(
+        default,
+        rename = "mig-change-needs-reset",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub mig_change_needs_reset: bool,
+    /// Simulated GPUs: the driver version the node reports.
+    #[serde(
+        default,
+        rename = "driver-version",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub driver_version: Option<String>,
 }
 
 /// A group of identical GPUs on a node.
@@ -61,6 +82,9 @@ pub struct FleetGpuSpec {
     /// MIG state; absent means MIG disabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<MigState>,
+    /// Simulated GPUs: telemetry profile of these GPUs (the node's when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<SimTelemetry>,
 }
 
 fn one() -> u32 {
