@@ -5,6 +5,7 @@
 
 pub mod labels;
 pub mod plan;
+pub mod target;
 
 pub use labels::{
     FAILURE_REASON_ANNOTATION, GPU_CLIENTS, GpuClient, LabelEdits, MIG_CONFIG_LABEL,
@@ -15,3 +16,4 @@ pub use plan::{
     BusyInstance, GpuPlan, MigMode, ObservedCi, ObservedGi, ObservedGpu, Step, TargetGi, TargetGpu,
     from_scratch_calls, plan_gpu,
 };
+pub use target::{GpuFacts, SelectError, SelectedGpu, select};
