@@ -172,16 +172,14 @@ impl TestCluster {
     /// Deletes the named nodes (missing ones are fine).
     pub async fn delete_nodes(&self, names: &[String]) -> Result<(), E2eError> {
         let api = Api::<Node>::all(self.client());
-        futures::stream::iter(names.iter().map(|name| {
-            let api = api.clone();
-            async move {
-                ignore_not_found(
-                    api.delete(name, &DeleteParams::default())
-                        .await
-                        .map(|_| ()),
-                )
-            }
-        }))
+        futures::stream::iter(
+            names.iter().map(|name| {
+                let api = api.clone();
+                async move {
+                    ignore_not_found(api.delete(name, &DeleteParams::default()).await.map(|_| ()))
+                }
+            }),
+        )
         .buffer_unordered(16)
         .try_collect::<Vec<()>>()
         .await?;
@@ -434,6 +432,9 @@ mod tests {
         let a = unique_suffix();
         let b = unique_suffix();
         assert_ne!(a, b);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
     }
 }

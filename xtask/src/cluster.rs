@@ -120,7 +120,10 @@ impl Cluster {
                 "--allow-privileged=true".into(),
                 "--service-cluster-ip-range=10.0.0.0/24".into(),
                 format!("--service-account-issuer={}", l.apiserver_url()),
-                format!("--service-account-key-file={}", pki.join("sa.key").display()),
+                format!(
+                    "--service-account-key-file={}",
+                    pki.join("sa.key").display()
+                ),
                 format!(
                     "--service-account-signing-key-file={}",
                     pki.join("sa.key").display()
@@ -264,10 +267,7 @@ impl Cluster {
     /// Prints the last `lines` lines of every component log to stderr.
     pub fn print_log_tails(&self, lines: usize) {
         for component in &self.components {
-            let path = self
-                .layout
-                .logs()
-                .join(format!("{}.log", component.name));
+            let path = self.layout.logs().join(format!("{}.log", component.name));
             let Ok(text) = fs::read_to_string(&path) else {
                 continue;
             };
@@ -535,7 +535,9 @@ fn listening(addr: SocketAddr) -> bool {
 fn http_get(addr: SocketAddr, path: &str) -> Option<(bool, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    stream.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .ok()?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;

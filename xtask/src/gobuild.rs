@@ -51,7 +51,10 @@ pub fn required_files() -> Vec<&'static str> {
 fn k8s_ldflags() -> String {
     let minor = KUBE_VERSION.split('.').nth(1).unwrap_or("0");
     let mut flags = String::from("-s -w");
-    for pkg in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
+    for pkg in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
         flags.push_str(&format!(
             " -X {pkg}.gitVersion={KUBE_VERSION} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={minor} \
              -X {pkg}.gitTreeState=clean -X {pkg}.buildDate=1970-01-01T00:00:00Z"
@@ -174,7 +177,11 @@ pub fn ensure_built(layout: &Layout) -> Result<()> {
         "-o".as_ref(),
         out_dir.as_ref(),
     ];
-    args.extend(K8S_PACKAGES.iter().map(|(_, pkg)| std::ffi::OsStr::new(*pkg)));
+    args.extend(
+        K8S_PACKAGES
+            .iter()
+            .map(|(_, pkg)| std::ffi::OsStr::new(*pkg)),
+    );
     go_command(&go, &layout.tools().join("k8s"), &args)?;
 
     let kwok_args: Vec<&std::ffi::OsStr> = vec![

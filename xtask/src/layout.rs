@@ -26,7 +26,7 @@ pub struct Ports {
 
 impl Ports {
     fn from_base(base: u16) -> Result<Self> {
-        if base < 1024 || base > u16::MAX - 6 {
+        if !(1024..=u16::MAX - 6).contains(&base) {
             bail!(
                 "port base {base} is out of range: pick a value between 1024 and {} \
                  (--port-base or GPU_STACK_CLUSTER_PORT_BASE)",

@@ -135,10 +135,7 @@ fn test(layout: &Layout) -> Result<ExitCode> {
         None => {
             let started = Instant::now();
             let cluster = Cluster::start(layout)?;
-            eprintln!(
-                "cluster ready in {:.1}s",
-                started.elapsed().as_secs_f64()
-            );
+            eprintln!("cluster ready in {:.1}s", started.elapsed().as_secs_f64());
             (layout.kubeconfig(), Some(cluster))
         }
     };
