@@ -106,6 +106,46 @@ pub enum Format {
     OpenMetrics,
 }
 
+impl Format {
+    /// The HTTP `Content-Type` of the format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+
+    /// Picks the format from an HTTP `Accept` header: OpenMetrics when the
+    /// client asks for `application/openmetrics-text` with at least the weight
+    /// it gives `text/plain` (Prometheus servers do), else the Prometheus text
+    /// format, which is also the answer to no header or `*/*`.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let Some(accept) = accept else {
+            return Format::Prometheus;
+        };
+        let mut om: Option<f32> = None;
+        let mut text: Option<f32> = None;
+        for part in accept.split(',') {
+            let mut params = part.split(';').map(str::trim);
+            let media = params.next().unwrap_or("").to_ascii_lowercase();
+            let q = params
+                .filter_map(|p| p.strip_prefix("q="))
+                .find_map(|q| q.parse::<f32>().ok())
+                .unwrap_or(1.0);
+            let slot = match media.as_str() {
+                "application/openmetrics-text" => &mut om,
+                "text/plain" => &mut text,
+                _ => continue,
+            };
+            *slot = Some(slot.map_or(q, |old: f32| old.max(q)));
+        }
+        match (om, text) {
+            (Some(o), t) if o > 0.0 && o >= t.unwrap_or(0.0) => Format::OpenMetrics,
+            _ => Format::Prometheus,
+        }
+    }
+}
+
 /// Node-level settings of the rendering.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderOptions {
@@ -420,6 +460,23 @@ DCGM_FI_DEV_POWER_USAGE{gpu=\"0\",UUID=\"GPU-00000000-aaaa-bbbb-cccc-ddddddddddd
         assert!(!text.contains("PROF_GR"));
         assert!(!text.contains("Hostname"));
         assert!(!text.contains("DRIVER_VERSION"));
+    }
+
+    #[test]
+    fn negotiation_follows_accept_weights() {
+        let prom = "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+        assert_eq!(Format::negotiate(Some(prom)), Format::OpenMetrics);
+        assert_eq!(Format::negotiate(None), Format::Prometheus);
+        assert_eq!(Format::negotiate(Some("*/*")), Format::Prometheus);
+        assert_eq!(Format::negotiate(Some("text/plain")), Format::Prometheus);
+        assert_eq!(
+            Format::negotiate(Some("text/plain;q=0.9, application/openmetrics-text;q=0.1")),
+            Format::Prometheus
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text;q=0")),
+            Format::Prometheus
+        );
     }
 
     proptest! {
