@@ -7,8 +7,9 @@
 //! greedy over GPUs in the order given and optimal per GPU:
 //! 1. in-use instances are fixed and count toward demand;
 //! 2. idle instances that match still-unmet demand are kept (no change);
-//! 3. each GPU in turn gets the layout that serves the most remaining demand,
-//!    then destroys the fewest idle instances. Ties go to the first layout in a
+//! 3. each GPU in turn gets the layout that serves the most remaining demand
+//!    (counted in compute slices, so one 3g outweighs a 1g), then destroys the
+//!    fewest idle instances. Ties go to the first layout in a
 //!    fixed search order, so the plan is deterministic.
 
 use std::collections::HashMap;
@@ -392,8 +393,8 @@ struct Search<'a> {
     wants: &'a [u8],
     /// New candidates worth trying (profiles with wants > 0).
     new_cands: Vec<u16>,
+    /// Demand left on this GPU, in compute slices.
     total_wants: u32,
-    min_size: u32,
     best: Option<(u32, u32, Choice)>,
     new: Vec<u16>,
 }
@@ -413,16 +414,11 @@ fn best_for_gpu(c: &Compiled, fixed: &[u16], optional: &[u16], wants: &[u8]) -> 
         optional,
         wants,
         new_cands,
-        total_wants: wants.iter().map(|&w| u32::from(w)).sum(),
-        min_size: c
-            .profs
+        total_wants: wants
             .iter()
-            .zip(wants)
-            .filter(|(_, w)| **w > 0)
-            .map(|(p, _)| p.size)
-            .min()
-            .unwrap_or(1)
-            .max(1),
+            .zip(&c.profs)
+            .map(|(&w, p)| u32::from(w) * p.compute.max(1))
+            .sum(),
         best: None,
         new: Vec::new(),
     };
@@ -491,8 +487,8 @@ impl Search<'_> {
         }
         // Bound: the free slices cannot hold more than this many new instances.
         if let Some((bs, bd, _)) = &self.best {
-            let free = self.c.memory_slices.saturating_sub(st.used_slices());
-            let room = (free / self.min_size).min(self.total_wants - served);
+            let free = self.c.compute_slices.saturating_sub(st.compute_used());
+            let room = free.min(self.total_wants - served);
             let upper = served + room;
             if upper < *bs || (upper == *bs && destroyed >= *bd) {
                 return;
@@ -509,7 +505,8 @@ impl Search<'_> {
             let mut a = *added;
             a[prof] += 1;
             self.new.push(ci);
-            self.new_dfs(k + 1, &next, &a, served + 1, kept, destroyed);
+            let gain = self.c.profs[prof].compute.max(1);
+            self.new_dfs(k + 1, &next, &a, served + gain, kept, destroyed);
             self.new.pop();
             if self.done() {
                 return;

@@ -18,8 +18,7 @@ pub(crate) struct Compiled {
     pub(crate) profs: Vec<Prof>,
     /// Candidates ordered by profile, then start.
     pub(crate) cands: Vec<Cand>,
-    pub(crate) memory_slices: u32,
-    compute_slices: u32,
+    pub(crate) compute_slices: u32,
     max_instances: u32,
     ofa_engines: u32,
 }
@@ -27,7 +26,7 @@ pub(crate) struct Compiled {
 #[derive(Debug, Clone)]
 pub(crate) struct Prof {
     pub(crate) size: u32,
-    compute: u32,
+    pub(crate) compute: u32,
     pub(crate) max: u32,
     ofa: u32,
     me_all: bool,
@@ -57,9 +56,9 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// Memory slices occupied.
-    pub(crate) fn used_slices(&self) -> u32 {
-        self.mask.count_ones()
+    /// Compute slices used.
+    pub(crate) fn compute_used(&self) -> u32 {
+        self.compute
     }
 
     pub(crate) const EMPTY: State = State {
@@ -105,7 +104,6 @@ impl Compiled {
         Ok(Compiled {
             profs,
             cands,
-            memory_slices: geometry.memory_slices,
             compute_slices: geometry.compute_slices,
             max_instances: geometry.max_instances,
             ofa_engines: geometry.ofa_engines,
