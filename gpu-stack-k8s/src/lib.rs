@@ -1,4 +1,5 @@
 //! gpu-stack-k8s: the cluster side effects of gpu-stack.
 pub mod deviceplugin;
-pub mod exporter;
-pub mod podresources;
+pub mod controller;
+pub mod leader;
+pub mod operator_metrics;
