@@ -125,3 +125,173 @@ impl MigDevice {
         self.profile.replace('+', ".")
     }
 }
+
+use std::collections::BTreeMap;
+
+use crate::backend::{GpuInstanceProfile, Inventory, MigState};
+use crate::catalog;
+use crate::mig::MigProfileName;
+
+/// Capability device minors read from `/proc/driver/nvidia-caps/mig-minors`:
+/// `(gpu, gi)` → GI access minor, `(gpu, gi, ci)` → CI access minor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigMinors {
+    gi: BTreeMap<(u32, u32), u32>,
+    ci: BTreeMap<(u32, u32, u32), u32>,
+}
+
+impl MigMinors {
+    /// Parses the file's `gpu<G>/gi<I>/access <minor>` and
+    /// `gpu<G>/gi<I>/ci<C>/access <minor>` lines; other lines are skipped.
+    pub fn parse(text: &str) -> MigMinors {
+        let mut m = MigMinors::default();
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            let (Some(path), Some(minor)) = (it.next(), it.next()) else {
+                continue;
+            };
+            let Ok(minor) = minor.parse::<u32>() else {
+                continue;
+            };
+            let parts: Vec<&str> = path.split('/').collect();
+            let num = |s: &str, p: &str| s.strip_prefix(p).and_then(|n| n.parse::<u32>().ok());
+            match parts.as_slice() {
+                [g, i, "access"] => {
+                    if let (Some(g), Some(i)) = (num(g, "gpu"), num(i, "gi")) {
+                        m.gi.insert((g, i), minor);
+                    }
+                }
+                [g, i, c, "access"] => {
+                    if let (Some(g), Some(i), Some(c)) = (num(g, "gpu"), num(i, "gi"), num(c, "ci"))
+                    {
+                        m.ci.insert((g, i, c), minor);
+                    }
+                }
+                _ => {}
+            }
+        }
+        m
+    }
+}
+
+impl NodeGpus {
+    /// Builds the view from what a GPU backend reports: the inventory, each
+    /// MIG-capable GPU's MIG state and GPU-instance profiles (by GPU index), and
+    /// optionally the capability minors. Profile attributes the backend does not
+    /// carry (media engines) come from the GPU catalog; copy engines equal the
+    /// GPU instance's compute slices (true for A100/H100-class parts). NVLink
+    /// peers are not known to the backend and stay empty.
+    pub fn from_backend(
+        inventory: &Inventory,
+        mig: &BTreeMap<u32, MigState>,
+        profiles: &BTreeMap<u32, Vec<GpuInstanceProfile>>,
+        minors: &MigMinors,
+    ) -> NodeGpus {
+        let gpus = inventory
+            .gpus
+            .iter()
+            .map(|g| {
+                let state = mig.get(&g.index);
+                let mig_enabled = state.is_some_and(|s| s.mode.current);
+                let model = catalog::by_product_name(&g.name);
+                let mut mig_devices = Vec::new();
+                if let (true, Some(state)) = (mig_enabled, state) {
+                    let mut gis = state.gpu_instances.clone();
+                    gis.sort_by_key(|gi| gi.id);
+                    for gi in &gis {
+                        let prof = profiles
+                            .get(&g.index)
+                            .and_then(|ps| ps.iter().find(|p| p.id == gi.profile_id));
+                        let gi_slices = prof.map_or(0, |p| p.slice_count);
+                        let media = model
+                            .and_then(|m| m.mig.as_ref())
+                            .zip(MigProfileName::parse(&gi.profile_name).ok())
+                            .and_then(|(geo, name)| geo.resolve(&name).map(|p| p.media))
+                            .unwrap_or_default();
+                        let mut cis = gi.compute_instances.clone();
+                        cis.sort_by_key(|ci| ci.id);
+                        for ci in &cis {
+                            let profile = if gi_slices == 0 || ci.slice_count == gi_slices {
+                                gi.profile_name.clone()
+                            } else {
+                                format!("{}c.{}", ci.slice_count, gi.profile_name)
+                            };
+                            let sms = prof.map_or(0, |p| {
+                                if p.slice_count == 0 {
+                                    p.multiprocessor_count
+                                } else {
+                                    p.multiprocessor_count * ci.slice_count / p.slice_count
+                                }
+                            });
+                            mig_devices.push(MigDevice {
+                                index: u32::try_from(mig_devices.len()).unwrap_or(u32::MAX),
+                                uuid: ci.uuid.clone(),
+                                profile,
+                                gi: gi.id,
+                                ci: ci.id,
+                                memory_mib: prof.map_or(0, |p| p.memory_mib),
+                                gi_cap_minor: minors.gi.get(&(g.index, gi.id)).copied(),
+                                ci_cap_minor: minors.ci.get(&(g.index, gi.id, ci.id)).copied(),
+                                attributes: MigAttributes {
+                                    multiprocessors: sms,
+                                    gi_slices,
+                                    ci_slices: ci.slice_count,
+                                    copy_engines: gi_slices,
+                                    decoders: media.decoders,
+                                    encoders: media.encoders,
+                                    jpeg_engines: media.jpeg,
+                                    ofa_engines: media.ofa,
+                                },
+                            });
+                        }
+                    }
+                }
+                Gpu {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    product: g.name.clone(),
+                    minor: g.minor_number,
+                    pci_bus_id: g.pci_bus_id.clone(),
+                    numa_node: g.numa_node.map(i64::from),
+                    memory_mib: g.memory_total_bytes / (1024 * 1024),
+                    compute_capability: g.compute_capability,
+                    mig_capable: g.mig_capable,
+                    mig_enabled,
+                    mig_devices,
+                    nvlink_peers: Vec::new(),
+                }
+            })
+            .collect();
+        NodeGpus {
+            driver_version: inventory.system.driver_version.clone(),
+            cuda_version: inventory.system.cuda_driver_version.clone(),
+            gpus,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mig_minors_parse() {
+        let m = MigMinors::parse(
+            "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\nbad line\n",
+        );
+        assert_eq!(m.gi.get(&(0, 1)), Some(&12));
+        assert_eq!(m.ci.get(&(0, 1, 0)), Some(&13));
+    }
+
+    #[test]
+    fn compute_sliced_profiles() {
+        let m = |p: &str| MigDevice {
+            profile: p.into(),
+            ..MigDevice::default()
+        };
+        assert!(m("1c.2g.10gb").is_compute_sliced());
+        assert!(!m("1g.5gb").is_compute_sliced());
+        assert!(!m("1g.10gb+me").is_compute_sliced());
+        assert_eq!(m("1g.10gb+me").resource_profile(), "1g.10gb.me");
+    }
+}

@@ -14,5 +14,5 @@ pub use allocate::{
 };
 pub use config::{ConfigError, ConfigFile, MigStrategy, Overrides, Settings};
 pub use health::{HealthEvent, HealthPolicy, HealthTracker};
-pub use inventory::{Gpu, MigAttributes, MigDevice, NodeGpus};
+pub use inventory::{Gpu, MigAttributes, MigDevice, MigMinors, NodeGpus};
 pub use resources::{DeviceInfo, Resource, ResourceError, node_resources};
