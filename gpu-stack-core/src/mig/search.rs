@@ -25,7 +25,6 @@ pub(crate) struct Compiled {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Prof {
-    pub(crate) size: u32,
     pub(crate) compute: u32,
     pub(crate) max: u32,
     ofa: u32,
@@ -91,7 +90,6 @@ impl Compiled {
             }
             let variant = p.media_variant();
             profs.push(Prof {
-                size: p.memory_slices,
                 compute: p.compute_slices,
                 max: p.max_instances,
                 ofa: p.media.ofa,
@@ -164,8 +162,11 @@ pub enum FitError {
         available: String,
     },
     /// The geometry itself is unusable.
-    #[error("{0}")]
-    Geometry(String),
+    #[error("{message}")]
+    Geometry {
+        /// What is wrong.
+        message: String,
+    },
     /// More of a profile than the GPU allows.
     #[error("{count} × {profile} requested, but this GPU allows at most {max}")]
     TooMany {
@@ -195,8 +196,11 @@ pub enum FitError {
         instances_available: u32,
     },
     /// Media-engine rules rule the mix out.
-    #[error("{0}")]
-    MediaEngines(String),
+    #[error("{message}")]
+    MediaEngines {
+        /// Which instances conflict.
+        message: String,
+    },
     /// Exhaustive search found no arrangement.
     #[error(
         "no arrangement of {request} on this GPU's placements avoids overlapping memory slices (all {tried} partial placements were tried)"
@@ -208,8 +212,11 @@ pub enum FitError {
         tried: u64,
     },
     /// A current instance to keep is not valid.
-    #[error("current layout is invalid: {0}")]
-    InvalidCurrent(String),
+    #[error("current layout is invalid: {message}")]
+    InvalidCurrent {
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// Expands a demand into GI profile indices (largest first). Compute-instance
@@ -317,11 +324,13 @@ fn precheck(geometry: &MigGeometry, items: &[usize]) -> Result<(), FitError> {
         .map(|&i| geometry.gi_profiles[i].media.ofa)
         .sum();
     if ofa_used > geometry.ofa_engines {
-        return Err(FitError::MediaEngines(format!(
-            "{} each hold an optical-flow engine, but this GPU has {}",
-            ofa.join(", "),
-            geometry.ofa_engines
-        )));
+        return Err(FitError::MediaEngines {
+            message: format!(
+                "{} each hold an optical-flow engine, but this GPU has {}",
+                ofa.join(", "),
+                geometry.ofa_engines
+            ),
+        });
     }
     let variant = |i: usize| geometry.gi_profiles[i].media_variant();
     if let Some(&m) = items.iter().find(|&&i| variant(i) == MediaVariant::MeAll) {
@@ -331,11 +340,13 @@ fn precheck(geometry: &MigGeometry, items: &[usize]) -> Result<(), FitError> {
             .map(|&i| geometry.gi_profiles[i].name.to_string())
             .collect();
         if others.len() > 1 {
-            return Err(FitError::MediaEngines(format!(
-                "{} takes all media engines, so every other instance must be a -me profile (got {})",
-                geometry.gi_profiles[m].name,
-                others.join(", ")
-            )));
+            return Err(FitError::MediaEngines {
+                message: format!(
+                    "{} takes all media engines, so every other instance must be a -me profile (got {})",
+                    geometry.gi_profiles[m].name,
+                    others.join(", ")
+                ),
+            });
         }
     }
     Ok(())
@@ -360,7 +371,9 @@ fn describe(geometry: &MigGeometry, items: &[usize]) -> String {
 /// Finds explicit placements for a multiset of profiles, or proves none exist.
 /// The answer depends only on the multiset, not on the order it is given in.
 pub fn fit(geometry: &MigGeometry, demand: &Demand) -> Result<Vec<PlacedInstance>, FitError> {
-    let compiled = Compiled::new(geometry).map_err(|e| FitError::Geometry(e.to_string()))?;
+    let compiled = Compiled::new(geometry).map_err(|e| FitError::Geometry {
+        message: e.to_string(),
+    })?;
     let items = expand_demand(geometry, demand)?;
     precheck(geometry, &items)?;
     let mut chosen = Vec::with_capacity(items.len());
@@ -570,12 +583,18 @@ fn resolve_current(
     current
         .iter()
         .map(|inst| {
-            let prof = geometry
-                .resolve_index(&inst.profile)
-                .ok_or_else(|| FitError::InvalidCurrent(format!("{inst}: unknown profile")))?;
-            let cand = compiled.cand_at(prof, inst.start).ok_or_else(|| {
-                FitError::InvalidCurrent(format!("{inst}: start is not an allowed placement"))
-            })?;
+            let prof =
+                geometry
+                    .resolve_index(&inst.profile)
+                    .ok_or_else(|| FitError::InvalidCurrent {
+                        message: format!("{inst}: unknown profile"),
+                    })?;
+            let cand =
+                compiled
+                    .cand_at(prof, inst.start)
+                    .ok_or_else(|| FitError::InvalidCurrent {
+                        message: format!("{inst}: start is not an allowed placement"),
+                    })?;
             Ok((prof, cand))
         })
         .collect()
@@ -588,7 +607,9 @@ pub fn reconfigure(
     current: &[PlacedInstance],
     target: &Demand,
 ) -> Result<Reconfiguration, FitError> {
-    let compiled = Compiled::new(geometry).map_err(|e| FitError::Geometry(e.to_string()))?;
+    let compiled = Compiled::new(geometry).map_err(|e| FitError::Geometry {
+        message: e.to_string(),
+    })?;
     let items = expand_demand(geometry, target)?;
     precheck(geometry, &items)?;
     let cur = resolve_current(geometry, &compiled, current)?;

@@ -131,11 +131,17 @@ impl fmt::Display for Violation {
                 second,
                 from,
                 to,
-            } => write!(
-                f,
-                "{first} and {second} overlap on memory slices {from}..{}",
-                to - 1
-            ),
+            } => {
+                if to - from == 1 {
+                    write!(f, "{first} and {second} overlap on memory slice {from}")
+                } else {
+                    write!(
+                        f,
+                        "{first} and {second} overlap on memory slices {from}-{}",
+                        to - 1
+                    )
+                }
+            }
             Violation::TooManyOfProfile {
                 profile,
                 max,
