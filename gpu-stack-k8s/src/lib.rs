@@ -3,3 +3,5 @@ pub mod deviceplugin;
 pub mod controller;
 pub mod leader;
 pub mod operator_metrics;
+pub mod exporter;
+pub mod podresources;
