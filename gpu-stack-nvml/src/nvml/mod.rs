@@ -1,0 +1,761 @@
+//! The NVML backend: a [`GpuBackend`] over the NVIDIA driver's libnvidia-ml,
+//! loaded at runtime through nvml-wrapper (so binaries run, and fail clearly, on
+//! machines without a driver).
+//!
+//! nvml-wrapper covers inventory and most telemetry; MIG instance management,
+//! placements, remapped rows, field values and events with MIG attribution go
+//! through the small unsafe wrappers in [`raw`].
+
+pub mod raw;
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpu_stack_core::backend::{
+    BackendError, ComputeInstance, FbMemory, GpuBackend, GpuInfo, GpuInstance, GpuInstanceProfile,
+    GpuTelemetry, HealthEvent, HealthEventKind, HealthEvents, MigMode, MigModeChange, MigTelemetry,
+    Reading, RemappedRows, SlicePlacement, SystemInfo,
+};
+use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor};
+use nvml_wrapper::enums::device::DeviceArchitecture;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper_sys::bindings::nvmlDevice_t;
+
+/// Library loaded when no path is given.
+pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
+
+/// NVML GPU-instance profile enum values to probe (`NVML_GPU_INSTANCE_PROFILE_COUNT`).
+const GI_PROFILE_ENUMS: u32 = 0x12;
+/// NVML compute-instance profile enum values to probe.
+const CI_PROFILE_ENUMS: u32 = 0x9;
+/// Field id of HBM temperature (`NVML_FI_DEV_MEMORY_TEMP`).
+const FI_MEMORY_TEMP: u32 = 82;
+/// Field ids of NVLink data throughput in KiB (`..._THROUGHPUT_DATA_TX/RX`).
+const FI_NVLINK_TX: u32 = 138;
+const FI_NVLINK_RX: u32 = 139;
+/// Scope id meaning "all links".
+const ALL_LINKS: u32 = u32::MAX;
+
+fn map_err(e: NvmlError, gpu: u32, operation: &str) -> BackendError {
+    let op = || operation.to_string();
+    match e {
+        NvmlError::NotSupported => BackendError::NotSupported {
+            gpu,
+            operation: op(),
+        },
+        NvmlError::NoPermission => BackendError::NoPermission {
+            gpu,
+            operation: op(),
+        },
+        NvmlError::NotFound => BackendError::NotFound {
+            what: format!("{operation} on GPU {gpu}"),
+        },
+        NvmlError::InvalidArg => BackendError::InvalidArgument {
+            gpu,
+            detail: format!("{operation}: the driver rejected an argument"),
+        },
+        NvmlError::InUse => BackendError::InUse {
+            gpu,
+            detail: format!("{operation}: the resource is in use"),
+        },
+        NvmlError::GpuLost => BackendError::GpuLost { gpu },
+        NvmlError::Timeout => BackendError::Timeout { operation: op() },
+        NvmlError::FailedToLoadSymbol(s) => BackendError::MissingFunction { symbol: s },
+        NvmlError::FunctionNotFound => BackendError::MissingFunction { symbol: op() },
+        NvmlError::DriverNotLoaded | NvmlError::LibraryNotFound | NvmlError::Uninitialized => {
+            BackendError::LibraryUnavailable {
+                detail: format!("{operation}: {e}"),
+            }
+        }
+        other => BackendError::Other {
+            message: format!("{operation} on GPU {gpu}: {other}"),
+        },
+    }
+}
+
+/// A field read: not-supported stays distinct from an error; a lost GPU aborts
+/// the whole sample.
+fn reading<T>(r: Result<T, BackendError>) -> Result<Reading<T>, BackendError> {
+    match r {
+        Ok(v) => Ok(Reading::Value(v)),
+        Err(BackendError::NotSupported { .. }) | Err(BackendError::MissingFunction { .. }) => {
+            Ok(Reading::NotSupported)
+        }
+        Err(e @ BackendError::GpuLost { .. }) => Err(e),
+        Err(e) => Ok(Reading::Error(e.to_string())),
+    }
+}
+
+fn arch_name(a: DeviceArchitecture) -> &'static str {
+    match a {
+        DeviceArchitecture::Kepler => "kepler",
+        DeviceArchitecture::Maxwell => "maxwell",
+        DeviceArchitecture::Pascal => "pascal",
+        DeviceArchitecture::Volta => "volta",
+        DeviceArchitecture::Turing => "turing",
+        DeviceArchitecture::Ampere => "ampere",
+        DeviceArchitecture::Ada => "ada-lovelace",
+        DeviceArchitecture::Hopper => "hopper",
+        DeviceArchitecture::Blackwell => "blackwell",
+        DeviceArchitecture::Unknown => "unknown",
+    }
+}
+
+/// What the backend remembers between calls.
+#[derive(Default)]
+struct Seen {
+    /// Last Xid per GPU index, from this backend's event subscriptions.
+    last_xid: HashMap<u32, u64>,
+    /// Whether any subscription exists (before one does, `last_xid` is unknown).
+    subscribed: bool,
+}
+
+/// A [`GpuBackend`] over libnvidia-ml.
+#[derive(Clone)]
+pub struct NvmlBackend {
+    nvml: Arc<Nvml>,
+    lib: PathBuf,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl std::fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlBackend")
+            .field("lib", &self.lib)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NvmlBackend {
+    /// Loads and initialises NVML from `lib` (default `libnvidia-ml.so.1` on the
+    /// loader path). A missing library or driver is
+    /// [`BackendError::LibraryUnavailable`] naming the path.
+    pub fn open(lib: Option<&Path>) -> Result<Self, BackendError> {
+        let path = lib
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_LIB));
+        let nvml = Nvml::builder()
+            .lib_path(OsStr::new(path.as_os_str()))
+            .init()
+            .map_err(|e| BackendError::LibraryUnavailable {
+                detail: format!("loading {}: {e}", path.display()),
+            })?;
+        tracing::debug!(lib = %path.display(), "NVML initialised");
+        Ok(NvmlBackend {
+            nvml: Arc::new(nvml),
+            lib: path,
+            seen: Arc::new(Mutex::new(Seen::default())),
+        })
+    }
+
+    /// The library path in use.
+    pub fn lib_path(&self) -> &Path {
+        &self.lib
+    }
+
+    fn device(&self, gpu: u32) -> Result<Device<'_>, BackendError> {
+        self.nvml.device_by_index(gpu).map_err(|e| match e {
+            NvmlError::InvalidArg | NvmlError::NotFound => BackendError::NotFound {
+                what: format!(
+                    "GPU {gpu} (the node has {} GPUs)",
+                    self.nvml.device_count().unwrap_or(0)
+                ),
+            },
+            other => map_err(other, gpu, "get device handle"),
+        })
+    }
+
+    fn handle(dev: &Device<'_>) -> nvmlDevice_t {
+        // SAFETY: the handle is only passed to NVML functions while `dev` (and so
+        // the `Nvml` it borrows) is alive.
+        unsafe { dev.handle() }
+    }
+
+    /// Profiles the device offers, with the hardware ids NVML reports.
+    fn profiles(
+        &self,
+        gpu: u32,
+        dev: &Device<'_>,
+    ) -> Result<Vec<raw::GiProfileInfo>, BackendError> {
+        let h = Self::handle(dev);
+        let mut out = Vec::new();
+        for e in 0..GI_PROFILE_ENUMS {
+            match raw::gi_profile_info(&self.nvml, h, gpu, e) {
+                Ok(info) => {
+                    if !out.iter().any(|p: &raw::GiProfileInfo| p.id == info.id) {
+                        out.push(info);
+                    }
+                }
+                Err(BackendError::NotSupported { .. })
+                | Err(BackendError::InvalidArgument { .. })
+                | Err(BackendError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// MIG device UUIDs by (GI id, CI id).
+    fn mig_uuids(
+        &self,
+        gpu: u32,
+        dev: &Device<'_>,
+    ) -> Result<HashMap<(u32, u32), String>, BackendError> {
+        let max = dev
+            .mig_device_count()
+            .map_err(|e| map_err(e, gpu, "MIG device count"))?;
+        let mut out = HashMap::new();
+        for i in 0..max {
+            let mig = match dev.mig_device_by_index(i) {
+                Ok(m) => m,
+                Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
+                Err(e) => return Err(map_err(e, gpu, "MIG device handle")),
+            };
+            let ids = raw::mig_device_ids(&self.nvml, Self::handle(&mig), gpu)?;
+            let uuid = mig.uuid().map_err(|e| map_err(e, gpu, "MIG device UUID"))?;
+            out.insert(ids, uuid);
+        }
+        Ok(out)
+    }
+
+    fn instances(&self, gpu: u32, dev: &Device<'_>) -> Result<Vec<GpuInstance>, BackendError> {
+        let h = Self::handle(dev);
+        let profiles = self.profiles(gpu, dev)?;
+        let uuids = self.mig_uuids(gpu, dev)?;
+        let mut out = Vec::new();
+        for p in &profiles {
+            for gi in raw::gpu_instances(&self.nvml, h, gpu, p.id, p.instance_count)? {
+                let mut cis = Vec::new();
+                let mut seen_profiles = Vec::new();
+                for e in 0..CI_PROFILE_ENUMS {
+                    let Some((ci_id, slices, max)) =
+                        raw::ci_profile(&self.nvml, gi.handle, gpu, e)?
+                    else {
+                        continue;
+                    };
+                    if seen_profiles.contains(&ci_id) {
+                        continue;
+                    }
+                    seen_profiles.push(ci_id);
+                    for ci in raw::compute_instances(&self.nvml, gi.handle, gpu, ci_id, max)? {
+                        cis.push(ComputeInstance {
+                            id: ci.id,
+                            profile_id: e,
+                            slice_count: slices,
+                            placement: SlicePlacement {
+                                start: ci.start,
+                                size: ci.size,
+                            },
+                            uuid: uuids.get(&(gi.id, ci.id)).cloned().unwrap_or_default(),
+                        });
+                    }
+                }
+                cis.sort_by_key(|c| c.id);
+                out.push(GpuInstance {
+                    id: gi.id,
+                    profile_id: gi.profile_id,
+                    profile_name: p.name.clone(),
+                    placement: SlicePlacement {
+                        start: gi.start,
+                        size: gi.size,
+                    },
+                    compute_instances: cis,
+                });
+            }
+        }
+        out.sort_by_key(|g| g.id);
+        Ok(out)
+    }
+
+    fn require_mig_on(
+        &self,
+        gpu: u32,
+        dev: &Device<'_>,
+        operation: &str,
+    ) -> Result<(), BackendError> {
+        let m = dev.mig_mode().map_err(|e| map_err(e, gpu, "MIG mode"))?;
+        if m.current == 1 {
+            Ok(())
+        } else {
+            Err(BackendError::NotSupported {
+                gpu,
+                operation: format!("{operation}: MIG mode is disabled (enable it first)"),
+            })
+        }
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn name(&self) -> &str {
+        "nvml"
+    }
+
+    fn system_info(&self) -> Result<SystemInfo, BackendError> {
+        let driver_version = self
+            .nvml
+            .sys_driver_version()
+            .map_err(|e| map_err(e, 0, "driver version"))?;
+        let cuda = self
+            .nvml
+            .sys_cuda_driver_version()
+            .map_err(|e| map_err(e, 0, "CUDA driver version"))?;
+        let nvml_version = self
+            .nvml
+            .sys_nvml_version()
+            .map_err(|e| map_err(e, 0, "NVML version"))?;
+        Ok(SystemInfo {
+            driver_version,
+            cuda_driver_version: format!("{}.{}", cuda / 1000, (cuda % 1000) / 10),
+            nvml_version,
+        })
+    }
+
+    fn device_count(&self) -> Result<u32, BackendError> {
+        self.nvml
+            .device_count()
+            .map_err(|e| map_err(e, 0, "device count"))
+    }
+
+    fn gpu_info(&self, gpu: u32) -> Result<GpuInfo, BackendError> {
+        let dev = self.device(gpu)?;
+        let e = |op: &'static str| move |err: NvmlError| map_err(err, gpu, op);
+        let pci = dev.pci_info().map_err(e("PCI info"))?;
+        let mem = dev.memory_info().map_err(e("memory info"))?;
+        let cc = dev
+            .cuda_compute_capability()
+            .map_err(e("compute capability"))?;
+        let numa_node = match dev.numa_node_id() {
+            Ok(n) => Some(n),
+            Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => None,
+            Err(err) => return Err(map_err(err, gpu, "NUMA node")),
+        };
+        let mig_mode = match dev.mig_mode() {
+            Ok(m) => Some(MigMode {
+                current: m.current == 1,
+                pending: m.pending == 1,
+            }),
+            Err(NvmlError::NotSupported) => None,
+            Err(err) => return Err(map_err(err, gpu, "MIG mode")),
+        };
+        Ok(GpuInfo {
+            index: gpu,
+            uuid: dev.uuid().map_err(e("UUID"))?,
+            name: dev.name().map_err(e("name"))?,
+            pci_bus_id: pci.bus_id,
+            pci_device_id: pci.pci_device_id,
+            minor_number: dev.minor_number().map_err(e("minor number"))?,
+            memory_total_bytes: mem.total,
+            numa_node,
+            architecture: arch_name(dev.architecture().map_err(e("architecture"))?).to_string(),
+            compute_capability: (cc.major.max(0) as u32, cc.minor.max(0) as u32),
+            mig_capable: mig_mode.is_some(),
+            mig_mode,
+        })
+    }
+
+    fn mig_mode(&self, gpu: u32) -> Result<MigMode, BackendError> {
+        let dev = self.device(gpu)?;
+        let m = dev.mig_mode().map_err(|e| map_err(e, gpu, "MIG mode"))?;
+        Ok(MigMode {
+            current: m.current == 1,
+            pending: m.pending == 1,
+        })
+    }
+
+    fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<MigModeChange, BackendError> {
+        let dev = self.device(gpu)?;
+        dev.set_mig_mode(enabled)
+            .map_err(|e| map_err(e, gpu, "set MIG mode"))?;
+        let m = self.mig_mode(gpu)?;
+        Ok(if m.current == enabled {
+            MigModeChange::Applied
+        } else {
+            MigModeChange::PendingReset
+        })
+    }
+
+    fn gpu_instance_profiles(&self, gpu: u32) -> Result<Vec<GpuInstanceProfile>, BackendError> {
+        let dev = self.device(gpu)?;
+        let h = Self::handle(&dev);
+        self.profiles(gpu, &dev)?
+            .into_iter()
+            .map(|p| {
+                let placements = raw::possible_placements(&self.nvml, h, gpu, p.id)?
+                    .into_iter()
+                    .map(|(start, size)| SlicePlacement { start, size })
+                    .collect();
+                Ok(GpuInstanceProfile {
+                    id: p.id,
+                    name: p.name,
+                    slice_count: p.slice_count,
+                    memory_mib: p.memory_mib,
+                    multiprocessor_count: p.multiprocessor_count,
+                    instance_count: p.instance_count,
+                    placements,
+                })
+            })
+            .collect()
+    }
+
+    fn gpu_instances(&self, gpu: u32) -> Result<Vec<GpuInstance>, BackendError> {
+        let dev = self.device(gpu)?;
+        self.require_mig_on(gpu, &dev, "listing GPU instances")?;
+        self.instances(gpu, &dev)
+    }
+
+    fn create_gpu_instance(
+        &self,
+        gpu: u32,
+        profile_id: u32,
+        placement: SlicePlacement,
+    ) -> Result<GpuInstance, BackendError> {
+        let dev = self.device(gpu)?;
+        self.require_mig_on(gpu, &dev, "creating a GPU instance")?;
+        let profiles = self.profiles(gpu, &dev)?;
+        let p = profiles
+            .iter()
+            .find(|p| p.id == profile_id)
+            .ok_or_else(|| BackendError::InvalidArgument {
+                gpu,
+                detail: format!(
+                    "no GPU-instance profile id {profile_id} on this GPU (profiles: {})",
+                    profiles
+                        .iter()
+                        .map(|p| format!("{}={}", p.id, p.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })?;
+        let gi = raw::create_gpu_instance(
+            &self.nvml,
+            Self::handle(&dev),
+            gpu,
+            profile_id,
+            placement.start,
+            placement.size,
+        )?;
+        Ok(GpuInstance {
+            id: gi.id,
+            profile_id: gi.profile_id,
+            profile_name: p.name.clone(),
+            placement: SlicePlacement {
+                start: gi.start,
+                size: gi.size,
+            },
+            compute_instances: Vec::new(),
+        })
+    }
+
+    fn create_compute_instance(
+        &self,
+        gpu: u32,
+        gpu_instance_id: u32,
+        slice_count: u32,
+    ) -> Result<ComputeInstance, BackendError> {
+        let dev = self.device(gpu)?;
+        self.require_mig_on(gpu, &dev, "creating a compute instance")?;
+        let gi = raw::gpu_instance_by_id(&self.nvml, Self::handle(&dev), gpu, gpu_instance_id)?;
+        let mut sizes = Vec::new();
+        let mut chosen = None;
+        for e in 0..CI_PROFILE_ENUMS {
+            if let Some((id, slices, _)) = raw::ci_profile(&self.nvml, gi.handle, gpu, e)? {
+                sizes.push(slices);
+                if slices == slice_count && chosen.is_none() {
+                    chosen = Some((e, id));
+                }
+            }
+        }
+        let Some((profile_enum, ci_profile_id)) = chosen else {
+            return Err(BackendError::InvalidArgument {
+                gpu,
+                detail: format!(
+                    "GPU instance {gpu_instance_id} has no {slice_count}-slice compute instance (sizes: {sizes:?})"
+                ),
+            });
+        };
+        let ci = raw::create_compute_instance(&self.nvml, gi.handle, gpu, ci_profile_id)?;
+        let uuid = self
+            .mig_uuids(gpu, &dev)?
+            .remove(&(gpu_instance_id, ci.id))
+            .unwrap_or_default();
+        Ok(ComputeInstance {
+            id: ci.id,
+            profile_id: profile_enum,
+            slice_count,
+            placement: SlicePlacement {
+                start: ci.start,
+                size: ci.size,
+            },
+            uuid,
+        })
+    }
+
+    fn destroy_compute_instance(
+        &self,
+        gpu: u32,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+    ) -> Result<(), BackendError> {
+        let dev = self.device(gpu)?;
+        self.require_mig_on(gpu, &dev, "destroying a compute instance")?;
+        let gi = raw::gpu_instance_by_id(&self.nvml, Self::handle(&dev), gpu, gpu_instance_id)?;
+        let ci = raw::compute_instance_by_id(
+            &self.nvml,
+            gi.handle,
+            gpu,
+            gpu_instance_id,
+            compute_instance_id,
+        )?;
+        raw::destroy_compute_instance(&self.nvml, ci.handle, gpu)
+    }
+
+    fn destroy_gpu_instance(&self, gpu: u32, gpu_instance_id: u32) -> Result<(), BackendError> {
+        let dev = self.device(gpu)?;
+        self.require_mig_on(gpu, &dev, "destroying a GPU instance")?;
+        let gi = raw::gpu_instance_by_id(&self.nvml, Self::handle(&dev), gpu, gpu_instance_id)?;
+        raw::destroy_gpu_instance(&self.nvml, gi.handle, gpu).map_err(|e| match e {
+            BackendError::InUse { gpu, .. } => BackendError::InUse {
+                gpu,
+                detail: format!(
+                    "GPU instance {gpu_instance_id} still has compute instances or processes; destroy them first"
+                ),
+            },
+            other => other,
+        })
+    }
+
+    fn reset_gpu(&self, gpu: u32) -> Result<(), BackendError> {
+        Err(BackendError::NotSupported {
+            gpu,
+            operation: "GPU reset through NVML (use `nvidia-smi -r -i <gpu>` or reboot the node)"
+                .into(),
+        })
+    }
+
+    fn gpu_telemetry(&self, gpu: u32) -> Result<GpuTelemetry, BackendError> {
+        let dev = self.device(gpu)?;
+        let h = Self::handle(&dev);
+        let n = &self.nvml;
+        let m = |op: &'static str| move |e: NvmlError| map_err(e, gpu, op);
+        let util = reading(dev.utilization_rates().map_err(m("utilization")))?;
+        let nvlink = match (
+            raw::field_u64(n, h, gpu, FI_NVLINK_TX, ALL_LINKS),
+            raw::field_u64(n, h, gpu, FI_NVLINK_RX, ALL_LINKS),
+        ) {
+            (Ok(tx), Ok(rx)) => Ok(tx.saturating_add(rx)),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+        let last_xid = {
+            let seen = self.seen.lock().map_err(|_| BackendError::Other {
+                message: "NVML backend state lock poisoned".into(),
+            })?;
+            if seen.subscribed {
+                Reading::Value(seen.last_xid.get(&gpu).copied().unwrap_or(0))
+            } else {
+                Reading::NotSupported
+            }
+        };
+        Ok(GpuTelemetry {
+            gpu,
+            sm_clock_mhz: reading(dev.clock_info(Clock::SM).map_err(m("SM clock")))?,
+            mem_clock_mhz: reading(dev.clock_info(Clock::Memory).map_err(m("memory clock")))?,
+            gpu_temp_c: reading(
+                dev.temperature(TemperatureSensor::Gpu)
+                    .map_err(m("GPU temperature")),
+            )?,
+            memory_temp_c: reading(raw::field_u64(n, h, gpu, FI_MEMORY_TEMP, 0).map(|v| v as u32))?,
+            power_usage_mw: reading(dev.power_usage().map_err(m("power usage")))?,
+            total_energy_mj: reading(
+                dev.total_energy_consumption()
+                    .map_err(m("energy consumption")),
+            )?,
+            pcie_replay_count: reading(
+                dev.pcie_replay_counter()
+                    .map(u64::from)
+                    .map_err(m("PCIe replay counter")),
+            )?,
+            gpu_util_pct: util.clone().map(|u| u.gpu),
+            mem_copy_util_pct: util.map(|u| u.memory),
+            enc_util_pct: reading(
+                dev.encoder_utilization()
+                    .map(|u| u.utilization)
+                    .map_err(m("encoder utilization")),
+            )?,
+            dec_util_pct: reading(
+                dev.decoder_utilization()
+                    .map(|u| u.utilization)
+                    .map_err(m("decoder utilization")),
+            )?,
+            fb_memory: reading(
+                dev.memory_info()
+                    .map(|i| FbMemory {
+                        total: i.total,
+                        used: i.used,
+                        free: i.free,
+                        reserved: i.reserved,
+                    })
+                    .map_err(m("memory info")),
+            )?,
+            nvlink_total_kib: reading(nvlink)?,
+            remapped_rows: reading(raw::remapped_rows(n, h, gpu).map(|(c, u, p, f)| {
+                RemappedRows {
+                    correctable: c,
+                    uncorrectable: u,
+                    pending: p,
+                    failed: f,
+                }
+            }))?,
+            pcie_tx_kib_per_s: reading(
+                dev.pcie_throughput(PcieUtilCounter::Send)
+                    .map_err(m("PCIe TX throughput")),
+            )?,
+            pcie_rx_kib_per_s: reading(
+                dev.pcie_throughput(PcieUtilCounter::Receive)
+                    .map_err(m("PCIe RX throughput")),
+            )?,
+            // Profiling ratios need GPM sampling over an interval; not read here.
+            gr_engine_active: Reading::NotSupported,
+            tensor_active: Reading::NotSupported,
+            dram_active: Reading::NotSupported,
+            last_xid,
+        })
+    }
+
+    fn mig_telemetry(&self, gpu: u32) -> Result<Vec<MigTelemetry>, BackendError> {
+        let dev = self.device(gpu)?;
+        self.require_mig_on(gpu, &dev, "MIG telemetry")?;
+        let instances = self.instances(gpu, &dev)?;
+        let max = dev
+            .mig_device_count()
+            .map_err(|e| map_err(e, gpu, "MIG device count"))?;
+        // Memory of a GPU instance, read through the first MIG device in it.
+        let mut fb: HashMap<u32, Reading<FbMemory>> = HashMap::new();
+        for i in 0..max {
+            let mig = match dev.mig_device_by_index(i) {
+                Ok(m) => m,
+                Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
+                Err(e) => return Err(map_err(e, gpu, "MIG device handle")),
+            };
+            let (gi, _) = raw::mig_device_ids(&self.nvml, Self::handle(&mig), gpu)?;
+            if fb.contains_key(&gi) {
+                continue;
+            }
+            let r = reading(
+                mig.memory_info()
+                    .map(|m| FbMemory {
+                        total: m.total,
+                        used: m.used,
+                        free: m.free,
+                        reserved: m.reserved,
+                    })
+                    .map_err(|e| map_err(e, gpu, "MIG memory info")),
+            )?;
+            fb.insert(gi, r);
+        }
+        Ok(instances
+            .iter()
+            .map(|gi| MigTelemetry {
+                gpu,
+                gpu_instance_id: gi.id,
+                fb_memory: fb.remove(&gi.id).unwrap_or(Reading::NotSupported),
+                gr_engine_active: Reading::NotSupported,
+                tensor_active: Reading::NotSupported,
+                dram_active: Reading::NotSupported,
+            })
+            .collect())
+    }
+
+    fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError> {
+        let set = raw::event_set_create(&self.nvml)?;
+        let count = self.device_count()?;
+        let mut uuids = HashMap::new();
+        for gpu in 0..count {
+            let dev = match self.device(gpu) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(gpu, error = %e, "GPU not watched for Xid events");
+                    continue;
+                }
+            };
+            match raw::register_xid(&self.nvml, Self::handle(&dev), gpu, &set) {
+                Ok(()) => {}
+                Err(BackendError::NotSupported { .. }) => {
+                    tracing::info!(gpu, "GPU does not report Xid events");
+                }
+                Err(e) => {
+                    raw::event_set_free(&self.nvml, &set);
+                    return Err(e);
+                }
+            }
+            if let Ok(u) = dev.uuid() {
+                uuids.insert(gpu, u);
+            }
+        }
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.subscribed = true;
+        }
+        Ok(Box::new(NvmlEvents {
+            backend: self.clone(),
+            set,
+            uuids,
+            queued: None,
+        }))
+    }
+}
+
+/// A subscription to Xid events of every GPU.
+struct NvmlEvents {
+    backend: NvmlBackend,
+    set: raw::EventSet,
+    uuids: HashMap<u32, String>,
+    /// A GPU-lost event that follows an Xid 79.
+    queued: Option<HealthEvent>,
+}
+
+impl Drop for NvmlEvents {
+    fn drop(&mut self) {
+        raw::event_set_free(&self.backend.nvml, &self.set);
+    }
+}
+
+/// Xid 79: "GPU has fallen off the bus".
+const XID_FELL_OFF_BUS: u64 = 79;
+
+impl HealthEvents for NvmlEvents {
+    fn wait(&mut self, timeout: Duration) -> Result<Option<HealthEvent>, BackendError> {
+        if let Some(e) = self.queued.take() {
+            return Ok(Some(e));
+        }
+        let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        let Some(ev) = raw::event_wait(&self.backend.nvml, &self.set, ms)? else {
+            return Ok(None);
+        };
+        let gpu = raw::device_index(&self.backend.nvml, ev.device)?;
+        let uuid = self.uuids.get(&gpu).cloned().unwrap_or_default();
+        let id = |v: u32| (v != u32::MAX).then_some(v);
+        let event = HealthEvent {
+            gpu,
+            uuid: uuid.clone(),
+            gpu_instance_id: id(ev.gpu_instance_id),
+            compute_instance_id: id(ev.compute_instance_id),
+            kind: HealthEventKind::Xid { xid: ev.data },
+        };
+        if let Ok(mut seen) = self.backend.seen.lock() {
+            seen.last_xid.insert(gpu, ev.data);
+        }
+        if ev.data == XID_FELL_OFF_BUS {
+            self.queued = Some(HealthEvent {
+                gpu,
+                uuid,
+                gpu_instance_id: None,
+                compute_instance_id: None,
+                kind: HealthEventKind::GpuLost,
+            });
+        }
+        Ok(Some(event))
+    }
+}
