@@ -2,3 +2,4 @@
 pub mod demo;
 pub mod gpus;
 pub mod mig;
+pub mod mig_apply;
