@@ -5,3 +5,7 @@ pub mod leader;
 pub mod operator_metrics;
 pub mod exporter;
 pub mod podresources;
+pub mod cluster;
+pub mod clusterpolicy;
+pub mod desired;
+pub mod operator;

@@ -89,7 +89,10 @@ impl NodeFacts {
         let mig_capable = !vgpu_host
             && match labels.get(MIG_CAPABLE) {
                 Some(v) => v == "true",
-                None => product.as_deref().is_some_and(product_is_mig_capable),
+                None => {
+                    product.as_deref().is_some_and(product_is_mig_capable)
+                        || pci_device_ids.iter().any(|d| pci_device_has_mig(d))
+                }
             };
         NodeFacts {
             gpu,
@@ -102,8 +105,17 @@ impl NodeFacts {
     }
 }
 
+/// Whether the catalog knows this NVIDIA PCI device (`20b0`) as MIG-capable.
+/// Lets the operator label MIG nodes before GFD has run.
+pub fn pci_device_has_mig(device: &str) -> bool {
+    u32::from_str_radix(device, 16)
+        .ok()
+        .and_then(|d| crate::catalog::by_pci_device_id((d << 16) | 0x10de))
+        .is_some_and(|m| m.mig.is_some())
+}
+
 /// The NVIDIA operator's fallback when `nvidia.com/mig.capable` is absent: a
-/// product name naming an A100, A30 or H100.
+/// product name naming an A100, A30 or H100 (extended here to H200 and B200).
 pub fn product_is_mig_capable(product: &str) -> bool {
     let p = product.to_ascii_lowercase();
     ["a100", "a30", "h100", "h200", "b200", "gb200"]
@@ -335,6 +347,22 @@ mod tests {
         assert_eq!(p.get(MIG_CONFIG), Some(&Some("all-disabled".into())));
         l.insert(MIG_CONFIG.into(), "all-1g.5gb".into());
         assert!(!deploy_label_patch(&l, &pol).contains_key(MIG_CONFIG));
+    }
+
+    #[test]
+    fn mig_capability_from_pci_ids() {
+        let mut l = gpu_node();
+        l.insert(
+            "feature.node.kubernetes.io/pci-0302_10de_20b0.present".into(),
+            "true".into(),
+        );
+        assert!(NodeFacts::from_labels(&l).mig_capable);
+        let mut l4 = gpu_node();
+        l4.insert(
+            "feature.node.kubernetes.io/pci-0302_10de_27b8.present".into(),
+            "true".into(),
+        );
+        assert!(!NodeFacts::from_labels(&l4).mig_capable);
     }
 
     #[test]

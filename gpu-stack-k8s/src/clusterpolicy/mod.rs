@@ -1,0 +1,837 @@
+//! ClusterPolicy (`nvidia.com/v1`, cluster-scoped): the document users already
+//! have for the NVIDIA GPU operator.
+//!
+//! Sections we implement are typed, with NVIDIA's `enabled` defaults. Every
+//! section (and the spec itself) keeps the fields it does not know in a
+//! flattened map, and the CRD schema preserves unknown fields, so a policy
+//! written for the NVIDIA operator deserializes unchanged and the fields we do
+//! not act on are listed in status instead of being silently dropped.
+//!
+//! Enum-like fields are strings on purpose: a typo must become a status
+//! condition naming the field, not a document the operator cannot read.
+use std::collections::BTreeMap;
+
+use gpu_stack_core::operator::components::{Component, Enablement};
+use gpu_stack_core::operator::driver::{DriverRequest, KernelModuleType};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Fields a section does not model, kept verbatim.
+pub type Extra = BTreeMap<String, Value>;
+
+/// Repository of gpu-stack's own operand images.
+pub const GPU_STACK_REPOSITORY: &str = "ghcr.io/gpu-stack";
+/// Version of gpu-stack's own operand images (this build's version).
+pub const GPU_STACK_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Default namespace of the operands.
+pub const DEFAULT_NAMESPACE: &str = "gpu-operator";
+
+/// Spec of a ClusterPolicy.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "nvidia.com",
+    version = "v1",
+    kind = "ClusterPolicy",
+    plural = "clusterpolicies",
+    status = "ClusterPolicyStatus",
+    doc = "ClusterPolicy configures the GPU stack on every GPU node of the cluster.",
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.state"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct ClusterPolicySpec {
+    /// Operator-wide settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<OperatorSpec>,
+    /// Settings shared by every operand DaemonSet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemonsets: Option<DaemonsetsSpec>,
+    /// Containerized driver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverSpec>,
+    /// Container toolkit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolkit: Option<ToolkitSpec>,
+    /// Device plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_plugin: Option<DevicePluginSpec>,
+    /// DCGM exporter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dcgm_exporter: Option<ComponentSpec>,
+    /// Standalone DCGM host engine (not supported: the exporter embeds its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dcgm: Option<ComponentSpec>,
+    /// GPU feature discovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gfd: Option<ComponentSpec>,
+    /// MIG strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigSpec>,
+    /// MIG manager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_manager: Option<MigManagerSpec>,
+    /// Node status exporter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_status_exporter: Option<ComponentSpec>,
+    /// Operator validator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validator: Option<ComponentSpec>,
+    /// Container Device Interface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cdi: Option<CdiSpec>,
+    /// Host paths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_paths: Option<HostPathsSpec>,
+    /// Pod Security Admission labels on the operand namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psa: Option<PsaSpec>,
+    /// Sections this operator does not implement (sandboxWorkloads, vgpu*, gds, ...).
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// An environment variable.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct EnvVar {
+    /// Name.
+    pub name: String,
+    /// Value.
+    #[serde(default)]
+    pub value: String,
+}
+
+/// Resource limits and requests (quantities as strings).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct Resources {
+    /// Limits, e.g. `{cpu: 500m}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, String>,
+    /// Requests.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, String>,
+}
+
+/// A pod toleration.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Toleration {
+    /// Taint key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `Exists` or `Equal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+    /// Taint value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Taint effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
+    /// Seconds a NoExecute taint is tolerated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toleration_seconds: Option<i64>,
+}
+
+/// Fields common to every operand section.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct ComponentSpec {
+    /// Deploy this operand (default depends on the section).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Image registry and path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
+    /// Image name (a full reference when `repository` is empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Image tag or `sha256:` digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `Always`, `IfNotPresent` or `Never`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    /// Pull secret names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
+    /// Container resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    /// Extra container args.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Extra container env.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Fields this operator does not implement.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// `spec.operator`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct OperatorSpec {
+    /// RuntimeClass operand pods use (default `nvidia`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class: Option<String>,
+    /// Deprecated: the runtime is detected from nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_runtime: Option<String>,
+    /// Labels added to every operand pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations added to every operand pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Fields this operator does not implement.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// `spec.daemonsets`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct DaemonsetsSpec {
+    /// Labels on every operand pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations on every operand pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Tolerations of every operand pod (default: `nvidia.com/gpu` NoSchedule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Priority class (default `system-node-critical`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// `RollingUpdate` (default) or `OnDelete`; the driver is always `OnDelete`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy: Option<String>,
+    /// Rolling update settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolling_update: Option<RollingUpdateSpec>,
+    /// Fields this operator does not implement.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// `spec.daemonsets.rollingUpdate`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RollingUpdateSpec {
+    /// An integer or a percentage (default `"1"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<String>,
+}
+
+/// `spec.driver`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct DriverSpec {
+    /// Common operand fields.
+    #[serde(flatten)]
+    pub common: ComponentSpec,
+    /// Use precompiled per-kernel images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_precompiled: Option<bool>,
+    /// `auto` (default), `open` or `proprietary`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_module_type: Option<String>,
+    /// Deprecated no-op kept for old documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_open_kernel_modules: Option<bool>,
+    /// Delegate drivers to NVIDIADriver resources (not supported).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "useNvidiaDriverCRD"
+    )]
+    pub use_nvidia_driver_crd: Option<bool>,
+    /// Driver upgrade policy, kept for the upgrade controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub upgrade_policy: Option<Value>,
+}
+
+/// `spec.toolkit`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct ToolkitSpec {
+    /// Common operand fields.
+    #[serde(flatten)]
+    pub common: ComponentSpec,
+    /// Host directory of the toolkit (default `/usr/local/nvidia`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_dir: Option<String>,
+}
+
+/// `spec.devicePlugin`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct DevicePluginSpec {
+    /// Common operand fields.
+    #[serde(flatten)]
+    pub common: ComponentSpec,
+    /// ConfigMap of plugin configurations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<NamedConfig>,
+}
+
+/// A reference to a ConfigMap with a default key.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct NamedConfig {
+    /// ConfigMap name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Default configuration (key or profile name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+}
+
+/// `spec.mig`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct MigSpec {
+    /// `none`, `single` (default) or `mixed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<String>,
+    /// Fields this operator does not implement.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// `spec.migManager`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct MigManagerSpec {
+    /// Common operand fields.
+    #[serde(flatten)]
+    pub common: ComponentSpec,
+    /// mig-parted config ConfigMap and default profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<NamedConfig>,
+}
+
+/// `spec.cdi`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct CdiSpec {
+    /// Use CDI to inject devices (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Deprecated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<bool>,
+    /// NRI plugin instead of a runtime class (requires cdi and toolkit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nri_plugin_enabled: Option<bool>,
+}
+
+/// `spec.hostPaths`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct HostPathsSpec {
+    /// Host root filesystem (default `/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_fs: Option<String>,
+    /// Where the driver container installs the driver (default `/run/nvidia/driver`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_install_dir: Option<String>,
+    /// Kubelet root directory (default `/var/lib/kubelet`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_root_dir: Option<String>,
+}
+
+/// `spec.psa`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct PsaSpec {
+    /// Label the namespace `pod-security.kubernetes.io/*=privileged`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+}
+
+/// Status of a ClusterPolicy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPolicyStatus {
+    /// `ready`, `notReady` or `ignored`.
+    pub state: String,
+    /// Namespace of the operands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// `Ready` and `Error` conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Field paths present in the spec that this operator does not act on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unsupported_fields: Vec<String>,
+    /// GPU nodes the driver is not deployed to, with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_nodes: Vec<RefusedNode>,
+    /// Generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// A node the operator will not deploy the driver to.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct RefusedNode {
+    /// Node name.
+    pub node: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// A status condition (the shape of `metav1.Condition`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `Ready` or `Error`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// CamelCase reason.
+    pub reason: String,
+    /// Human-readable detail.
+    #[serde(default)]
+    pub message: String,
+    /// When the status last changed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+/// Policy states.
+pub mod state {
+    /// All operands are ready.
+    pub const READY: &str = "ready";
+    /// Some operand is not ready, or the policy has errors.
+    pub const NOT_READY: &str = "notReady";
+    /// Another ClusterPolicy is in charge.
+    pub const IGNORED: &str = "ignored";
+}
+
+/// A problem in a ClusterPolicy spec, naming the field path and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[error("{path}: {message}")]
+pub struct ValidationError {
+    /// Field path, e.g. `spec.mig.strategy`.
+    pub path: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+fn one_of(path: &str, value: Option<&str>, allowed: &[&str], out: &mut Vec<ValidationError>) {
+    if let Some(v) = value
+        && !allowed.contains(&v)
+    {
+        out.push(ValidationError {
+            path: path.to_string(),
+            message: format!("{v:?} is not valid; use one of {}", allowed.join(", ")),
+        });
+    }
+}
+
+fn common_fields(path: &str, c: &ComponentSpec, out: &mut Vec<ValidationError>) {
+    one_of(
+        &format!("{path}.imagePullPolicy"),
+        c.image_pull_policy.as_deref(),
+        &["Always", "IfNotPresent", "Never"],
+        out,
+    );
+    for (i, e) in c.env.iter().enumerate() {
+        if e.name.trim().is_empty() {
+            out.push(ValidationError {
+                path: format!("{path}.env[{i}].name"),
+                message: "is empty; give every environment variable a name".into(),
+            });
+        }
+    }
+    if let Some(v) = &c.version
+        && v.trim().is_empty()
+    {
+        // Empty means "use the default"; nothing to report.
+    }
+}
+
+fn is_int_or_percent(s: &str) -> bool {
+    let digits = s.strip_suffix('%').unwrap_or(s);
+    !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
+}
+
+/// Names of the top-level sections we model (used for the unsupported list).
+pub const KNOWN_SECTIONS: [&str; 15] = [
+    "operator",
+    "daemonsets",
+    "driver",
+    "toolkit",
+    "devicePlugin",
+    "dcgmExporter",
+    "dcgm",
+    "gfd",
+    "mig",
+    "migManager",
+    "nodeStatusExporter",
+    "validator",
+    "cdi",
+    "hostPaths",
+    "psa",
+];
+
+fn on(c: Option<&ComponentSpec>, default: bool) -> bool {
+    c.and_then(|c| c.enabled).unwrap_or(default)
+}
+
+fn nonempty(s: &Option<String>) -> Option<&str> {
+    s.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// Effective image settings of one operand after defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSettings {
+    /// Full image reference.
+    pub image: String,
+    /// Pull policy.
+    pub pull_policy: String,
+    /// Pull secrets.
+    pub pull_secrets: Vec<String>,
+}
+
+/// Builds `repo/image:version` or `repo/image@sha256:...`.
+pub fn image_path(repository: &str, image: &str, version: &str) -> String {
+    let base = if repository.trim().is_empty() {
+        image.to_string()
+    } else {
+        format!("{}/{}", repository.trim_end_matches('/'), image)
+    };
+    if version.is_empty() {
+        base
+    } else if version.starts_with("sha256:") {
+        format!("{base}@{version}")
+    } else {
+        format!("{base}:{version}")
+    }
+}
+
+impl ClusterPolicySpec {
+    /// The common fields of a component's section, if present.
+    pub fn component(&self, c: Component) -> Option<&ComponentSpec> {
+        match c {
+            Component::Driver => self.driver.as_ref().map(|d| &d.common),
+            Component::ContainerToolkit => self.toolkit.as_ref().map(|t| &t.common),
+            Component::OperatorValidator => self.validator.as_ref(),
+            Component::DevicePlugin => self.device_plugin.as_ref().map(|d| &d.common),
+            Component::GpuFeatureDiscovery => self.gfd.as_ref(),
+            Component::DcgmExporter => self.dcgm_exporter.as_ref(),
+            Component::MigManager => self.mig_manager.as_ref().map(|m| &m.common),
+            Component::NodeStatusExporter => self.node_status_exporter.as_ref(),
+        }
+    }
+
+    /// Which operands this policy deploys, with NVIDIA's defaults for unset
+    /// `enabled` fields.
+    pub fn enablement(&self) -> Enablement {
+        Enablement {
+            driver: on(self.component(Component::Driver), true)
+                && !self
+                    .driver
+                    .as_ref()
+                    .and_then(|d| d.use_nvidia_driver_crd)
+                    .unwrap_or(false),
+            toolkit: on(self.component(Component::ContainerToolkit), true),
+            device_plugin: on(self.component(Component::DevicePlugin), true),
+            gfd: on(self.component(Component::GpuFeatureDiscovery), true),
+            dcgm_exporter: on(self.component(Component::DcgmExporter), true),
+            mig_manager: on(self.component(Component::MigManager), true),
+            node_status_exporter: on(self.component(Component::NodeStatusExporter), false),
+        }
+    }
+
+    /// The built-in default `(repository, image, version)` of a component.
+    pub fn default_image(c: Component) -> (&'static str, &'static str, &'static str) {
+        match c {
+            Component::Driver => ("nvcr.io/nvidia", "driver", "595.91.07"),
+            Component::ContainerToolkit => ("nvcr.io/nvidia/k8s", "container-toolkit", "v1.20.0"),
+            Component::DevicePlugin => {
+                (GPU_STACK_REPOSITORY, "gpu-device-plugin", GPU_STACK_VERSION)
+            }
+            Component::GpuFeatureDiscovery => (
+                GPU_STACK_REPOSITORY,
+                "gpu-feature-discovery",
+                GPU_STACK_VERSION,
+            ),
+            Component::DcgmExporter => (GPU_STACK_REPOSITORY, "gpu-exporter", GPU_STACK_VERSION),
+            Component::MigManager => (GPU_STACK_REPOSITORY, "gpu-mig-manager", GPU_STACK_VERSION),
+            Component::OperatorValidator | Component::NodeStatusExporter => {
+                (GPU_STACK_REPOSITORY, "gpu-stack", GPU_STACK_VERSION)
+            }
+        }
+    }
+
+    /// Image settings of a component after defaults (for the driver this is
+    /// the base `repository/image`; the selection matrix adds the tag).
+    pub fn image_settings(&self, c: Component) -> ImageSettings {
+        let spec = self.component(c);
+        let (drepo, dimage, dversion) = Self::default_image(c);
+        let image_given = spec.and_then(|s| nonempty(&s.image));
+        // An image given without a repository is a full path.
+        let repo = spec
+            .and_then(|s| s.repository.as_deref())
+            .map(str::trim)
+            .unwrap_or(if image_given.is_some() { "" } else { drepo });
+        let image = image_given.unwrap_or(dimage);
+        let version = spec.and_then(|s| nonempty(&s.version)).unwrap_or(
+            if image_given.is_some() && repo.is_empty() {
+                ""
+            } else {
+                dversion
+            },
+        );
+        ImageSettings {
+            image: image_path(repo, image, version),
+            pull_policy: spec
+                .and_then(|s| nonempty(&s.image_pull_policy))
+                .unwrap_or("IfNotPresent")
+                .to_string(),
+            pull_secrets: spec
+                .map(|s| s.image_pull_secrets.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The driver request for the selection matrix.
+    pub fn driver_request(&self) -> DriverRequest {
+        let d = self.driver.as_ref();
+        let (drepo, dimage, dversion) = Self::default_image(Component::Driver);
+        let c = d.map(|d| &d.common);
+        let image_given = c.and_then(|s| nonempty(&s.image));
+        DriverRequest {
+            repository: c
+                .and_then(|s| s.repository.as_deref())
+                .map(str::trim)
+                .unwrap_or(if image_given.is_some() { "" } else { drepo })
+                .to_string(),
+            image: image_given.unwrap_or(dimage).to_string(),
+            version: c
+                .and_then(|s| nonempty(&s.version))
+                .unwrap_or(dversion)
+                .to_string(),
+            use_precompiled: d.and_then(|d| d.use_precompiled).unwrap_or(false),
+            kernel_module_type: match d.and_then(|d| d.kernel_module_type.as_deref()) {
+                Some("open") => KernelModuleType::Open,
+                Some("proprietary") => KernelModuleType::Proprietary,
+                _ => KernelModuleType::Auto,
+            },
+        }
+    }
+
+    /// MIG strategy (`single` by default).
+    pub fn mig_strategy(&self) -> &str {
+        self.mig
+            .as_ref()
+            .and_then(|m| nonempty(&m.strategy))
+            .unwrap_or("single")
+    }
+
+    /// Default MIG config profile of the MIG manager (`all-disabled`).
+    pub fn mig_config_default(&self) -> String {
+        self.mig_manager
+            .as_ref()
+            .and_then(|m| m.config.as_ref())
+            .and_then(|c| nonempty(&c.default))
+            .unwrap_or("all-disabled")
+            .to_string()
+    }
+
+    /// Name of the mig-parted config ConfigMap (`default-mig-parted-config`).
+    pub fn mig_config_name(&self) -> String {
+        self.mig_manager
+            .as_ref()
+            .and_then(|m| m.config.as_ref())
+            .and_then(|c| nonempty(&c.name))
+            .unwrap_or("default-mig-parted-config")
+            .to_string()
+    }
+
+    /// Whether CDI is on (default true).
+    pub fn cdi_enabled(&self) -> bool {
+        self.cdi.as_ref().and_then(|c| c.enabled).unwrap_or(true)
+    }
+
+    /// RuntimeClass operand pods use.
+    pub fn runtime_class(&self) -> String {
+        self.operator
+            .as_ref()
+            .and_then(|o| nonempty(&o.runtime_class))
+            .unwrap_or("nvidia")
+            .to_string()
+    }
+
+    /// Checks the spec; every problem names its field path and the fix.
+    pub fn validate(&self) -> Vec<ValidationError> {
+        let mut out = Vec::new();
+        for c in Component::ALL {
+            if let Some(spec) = self.component(c) {
+                common_fields(&format!("spec.{}", section_name(c)), spec, &mut out);
+            }
+        }
+        if let Some(m) = &self.mig {
+            one_of(
+                "spec.mig.strategy",
+                m.strategy.as_deref(),
+                &["none", "single", "mixed"],
+                &mut out,
+            );
+        }
+        if let Some(d) = &self.driver {
+            one_of(
+                "spec.driver.kernelModuleType",
+                d.kernel_module_type.as_deref(),
+                &["auto", "open", "proprietary"],
+                &mut out,
+            );
+        }
+        if self.enablement().driver
+            && let Err(e) =
+                gpu_stack_core::operator::driver::validate_request(&self.driver_request())
+        {
+            let text = e.to_string();
+            let (path, message) = text.split_once(": ").unwrap_or(("spec.driver", &text));
+            out.push(ValidationError {
+                path: path.to_string(),
+                message: message.to_string(),
+            });
+        }
+        if let Some(ds) = &self.daemonsets {
+            one_of(
+                "spec.daemonsets.updateStrategy",
+                ds.update_strategy.as_deref(),
+                &["RollingUpdate", "OnDelete"],
+                &mut out,
+            );
+            if let Some(mu) = ds
+                .rolling_update
+                .as_ref()
+                .and_then(|r| r.max_unavailable.as_deref())
+                && !is_int_or_percent(mu)
+            {
+                out.push(ValidationError {
+                    path: "spec.daemonsets.rollingUpdate.maxUnavailable".into(),
+                    message: format!(
+                        "{mu:?} is not an integer or a percentage such as \"1\" or \"25%\""
+                    ),
+                });
+            }
+            for (i, t) in ds.tolerations.iter().flatten().enumerate() {
+                one_of(
+                    &format!("spec.daemonsets.tolerations[{i}].operator"),
+                    t.operator.as_deref(),
+                    &["Exists", "Equal"],
+                    &mut out,
+                );
+                one_of(
+                    &format!("spec.daemonsets.tolerations[{i}].effect"),
+                    t.effect.as_deref(),
+                    &["NoSchedule", "PreferNoSchedule", "NoExecute"],
+                    &mut out,
+                );
+            }
+        }
+        if let Some(cdi) = &self.cdi
+            && cdi.nri_plugin_enabled == Some(true)
+            && (!self.cdi_enabled() || !self.enablement().toolkit)
+        {
+            out.push(ValidationError {
+                path: "spec.cdi.nriPluginEnabled".into(),
+                message: "requires spec.cdi.enabled=true and spec.toolkit.enabled=true; enable both or turn the NRI plugin off".into(),
+            });
+        }
+        out
+    }
+
+    /// Field paths present in the document that this operator does not act
+    /// on, sorted. Sections that are present but disabled are not listed.
+    pub fn unsupported_fields(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (k, v) in &self.extra {
+            // A disabled unsupported section changes nothing; do not nag.
+            let disabled = v.get("enabled") == Some(&Value::Bool(false));
+            if !disabled {
+                out.push(format!("spec.{k}"));
+            }
+        }
+        let mut section = |name: &str, extra: &Extra| {
+            for k in extra.keys() {
+                out.push(format!("spec.{name}.{k}"));
+            }
+        };
+        if let Some(o) = &self.operator {
+            section("operator", &o.extra);
+        }
+        if let Some(d) = &self.daemonsets {
+            section("daemonsets", &d.extra);
+        }
+        if let Some(m) = &self.mig {
+            section("mig", &m.extra);
+        }
+        for c in Component::ALL {
+            if let Some(spec) = self.component(c) {
+                section(section_name(c), &spec.extra);
+            }
+        }
+        if let Some(d) = &self.dcgm {
+            if d.enabled == Some(true) {
+                out.push("spec.dcgm.enabled".into());
+            }
+        }
+        if self.driver.as_ref().and_then(|d| d.use_nvidia_driver_crd) == Some(true) {
+            out.push("spec.driver.useNvidiaDriverCRD".into());
+        }
+        if self.cdi.as_ref().and_then(|c| c.nri_plugin_enabled) == Some(true) {
+            out.push("spec.cdi.nriPluginEnabled".into());
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// The spec section name of a component (`devicePlugin`, `gfd`, ...).
+pub fn section_name(c: Component) -> &'static str {
+    match c {
+        Component::Driver => "driver",
+        Component::ContainerToolkit => "toolkit",
+        Component::OperatorValidator => "validator",
+        Component::DevicePlugin => "devicePlugin",
+        Component::GpuFeatureDiscovery => "gfd",
+        Component::DcgmExporter => "dcgmExporter",
+        Component::MigManager => "migManager",
+        Component::NodeStatusExporter => "nodeStatusExporter",
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,223 @@
+use super::*;
+
+/// A ClusterPolicy as the NVIDIA chart renders it (abridged), including
+/// sections this operator does not implement.
+const NVIDIA_POLICY: &str = r#"
+apiVersion: nvidia.com/v1
+kind: ClusterPolicy
+metadata:
+  name: cluster-policy
+spec:
+  operator:
+    defaultRuntime: containerd
+    runtimeClass: nvidia
+    initContainer:
+      repository: nvcr.io/nvidia
+      image: cuda
+      version: 12.8.1-base-ubi9
+  daemonsets:
+    priorityClassName: system-node-critical
+    tolerations:
+      - key: nvidia.com/gpu
+        operator: Exists
+        effect: NoSchedule
+    updateStrategy: RollingUpdate
+    rollingUpdate:
+      maxUnavailable: "1"
+  validator:
+    repository: nvcr.io/nvidia/cloud-native
+    image: gpu-operator-validator
+    version: v25.3.0
+    plugin:
+      env:
+        - name: WITH_WORKLOAD
+          value: "false"
+  mig:
+    strategy: single
+  psa:
+    enabled: false
+  cdi:
+    enabled: true
+    default: false
+  driver:
+    enabled: true
+    useNvidiaDriverCRD: false
+    kernelModuleType: auto
+    usePrecompiled: false
+    repository: nvcr.io/nvidia
+    image: driver
+    version: "570.124.06"
+    manager:
+      repository: nvcr.io/nvidia/cloud-native
+      image: k8s-driver-manager
+      version: v0.8.0
+    rdma:
+      enabled: false
+    upgradePolicy:
+      autoUpgrade: true
+      maxParallelUpgrades: 1
+  toolkit:
+    enabled: true
+    repository: nvcr.io/nvidia/k8s
+    image: container-toolkit
+    version: v1.17.5-ubuntu20.04
+    installDir: /usr/local/nvidia
+  devicePlugin:
+    enabled: true
+    config:
+      name: ""
+      default: ""
+  dcgm:
+    enabled: false
+  dcgmExporter:
+    enabled: true
+    serviceMonitor:
+      enabled: false
+  gfd:
+    enabled: true
+  migManager:
+    enabled: true
+    config:
+      default: all-disabled
+      name: default-mig-parted-config
+  nodeStatusExporter:
+    enabled: false
+  gds:
+    enabled: false
+  gdrcopy:
+    enabled: false
+  sandboxWorkloads:
+    enabled: true
+    defaultWorkload: container
+  vgpuManager:
+    enabled: false
+  hostPaths:
+    rootFS: /
+    driverInstallDir: /run/nvidia/driver
+"#;
+
+#[test]
+fn nvidia_policy_deserializes_and_round_trips_unknown_fields() {
+    let cp: ClusterPolicy = serde_yaml::from_str(NVIDIA_POLICY).unwrap();
+    assert_eq!(cp.spec.driver_request().version, "570.124.06");
+    assert!(cp.spec.extra.contains_key("sandboxWorkloads"));
+    let back = serde_json::to_value(&cp).unwrap();
+    assert_eq!(
+        back["spec"]["sandboxWorkloads"]["defaultWorkload"],
+        "container"
+    );
+    assert_eq!(back["spec"]["driver"]["rdma"]["enabled"], false);
+    assert_eq!(
+        back["spec"]["validator"]["plugin"]["env"][0]["name"],
+        "WITH_WORKLOAD"
+    );
+    assert_eq!(back["spec"]["driver"]["useNvidiaDriverCRD"], false);
+    let again: ClusterPolicy = serde_json::from_value(back).unwrap();
+    assert_eq!(again.spec, cp.spec);
+}
+
+#[test]
+fn unsupported_fields_are_listed_not_dropped() {
+    let cp: ClusterPolicy = serde_yaml::from_str(NVIDIA_POLICY).unwrap();
+    let u = cp.spec.unsupported_fields();
+    for want in [
+        "spec.sandboxWorkloads",
+        "spec.driver.manager",
+        "spec.driver.rdma",
+        "spec.operator.initContainer",
+        "spec.validator.plugin",
+        "spec.dcgmExporter.serviceMonitor",
+    ] {
+        assert!(u.iter().any(|f| f == want), "{want} missing from {u:?}");
+    }
+    // Disabled unsupported sections and the disabled standalone DCGM are quiet.
+    for quiet in ["spec.gds", "spec.vgpuManager", "spec.dcgm.enabled"] {
+        assert!(!u.iter().any(|f| f == quiet), "{quiet} listed in {u:?}");
+    }
+    assert!(cp.spec.validate().is_empty(), "{:?}", cp.spec.validate());
+}
+
+#[test]
+fn defaults_follow_nvidia() {
+    let spec = ClusterPolicySpec::default();
+    let en = spec.enablement();
+    assert!(
+        en.driver && en.toolkit && en.device_plugin && en.gfd && en.dcgm_exporter && en.mig_manager
+    );
+    assert!(!en.node_status_exporter);
+    assert_eq!(spec.mig_strategy(), "single");
+    assert_eq!(spec.mig_config_default(), "all-disabled");
+    assert_eq!(spec.runtime_class(), "nvidia");
+    assert!(spec.cdi_enabled());
+    assert_eq!(
+        spec.image_settings(Component::ContainerToolkit).image,
+        "nvcr.io/nvidia/k8s/container-toolkit:v1.20.0"
+    );
+    assert!(
+        spec.image_settings(Component::DevicePlugin)
+            .image
+            .starts_with("ghcr.io/gpu-stack/gpu-device-plugin:")
+    );
+    let d = spec.driver_request();
+    assert_eq!(
+        (d.repository.as_str(), d.image.as_str()),
+        ("nvcr.io/nvidia", "driver")
+    );
+}
+
+#[test]
+fn image_overrides_and_digests() {
+    let spec: ClusterPolicySpec = serde_json::from_value(serde_json::json!({
+        "devicePlugin": {"repository": "registry.local/gpu", "version": "sha256:abc"},
+        "gfd": {"image": "registry.local/gfd:1.2"},
+    }))
+    .unwrap();
+    assert_eq!(
+        spec.image_settings(Component::DevicePlugin).image,
+        "registry.local/gpu/gpu-device-plugin@sha256:abc"
+    );
+    assert_eq!(
+        spec.image_settings(Component::GpuFeatureDiscovery).image,
+        "registry.local/gfd:1.2"
+    );
+}
+
+#[test]
+fn validation_names_field_and_fix() {
+    let spec: ClusterPolicySpec = serde_json::from_value(serde_json::json!({
+        "mig": {"strategy": "Mixed"},
+        "driver": {"kernelModuleType": "closed", "usePrecompiled": true, "version": "sha256:00"},
+        "daemonsets": {"updateStrategy": "Recreate", "rollingUpdate": {"maxUnavailable": "a lot"}},
+        "cdi": {"enabled": false, "nriPluginEnabled": true},
+        "dcgmExporter": {"env": [{"name": "", "value": "x"}], "imagePullPolicy": "always"},
+    }))
+    .unwrap();
+    let errs = spec.validate();
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    for want in [
+        "spec.mig.strategy",
+        "spec.driver.kernelModuleType",
+        "spec.driver.version",
+        "spec.daemonsets.updateStrategy",
+        "spec.daemonsets.rollingUpdate.maxUnavailable",
+        "spec.cdi.nriPluginEnabled",
+        "spec.dcgmExporter.env[0].name",
+        "spec.dcgmExporter.imagePullPolicy",
+    ] {
+        assert!(paths.contains(&want), "{want} not in {paths:?}");
+    }
+    let mig = errs.iter().find(|e| e.path == "spec.mig.strategy").unwrap();
+    assert!(mig.to_string().contains("none, single, mixed"));
+}
+
+#[test]
+fn driver_delegated_to_nvidiadriver_is_disabled_and_reported() {
+    let spec: ClusterPolicySpec =
+        serde_json::from_value(serde_json::json!({"driver": {"useNvidiaDriverCRD": true}}))
+            .unwrap();
+    assert!(!spec.enablement().driver);
+    assert!(
+        spec.unsupported_fields()
+            .contains(&"spec.driver.useNvidiaDriverCRD".to_string())
+    );
+}

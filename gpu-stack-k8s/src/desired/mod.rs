@@ -1,0 +1,502 @@
+//! The desired cluster state: one pure function from (ClusterPolicy, nodes,
+//! currently owned objects) to the objects that should exist, what to apply
+//! and delete, the node label patches, and the ClusterPolicy status.
+//!
+//! Every desired object carries a hash of itself in
+//! `nvidia.com/last-applied-hash`; an existing object with the same hash is
+//! left alone, so an unchanged object is never rewritten. Applying the result
+//! and calling the function again yields no changes (tested as a property).
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpu_stack_core::catalog;
+use gpu_stack_core::operator::components::Component;
+use gpu_stack_core::operator::driver::{DriverNode, DriverPlan, GpuIdentity, plan_driver};
+use gpu_stack_core::operator::labels::{
+    GPU_PRODUCT, LabelPatch, LabelPolicy, Labels, NodeFacts, apply_patch, deploy_label_patch,
+};
+use k8s_openapi::api::core::v1::Node;
+use serde::Serialize;
+
+use crate::cluster::object::{HASH_ANNOTATION, Object, ObjectKey};
+use crate::clusterpolicy::{
+    ClusterPolicy, ClusterPolicyStatus, Condition, DEFAULT_NAMESPACE, RefusedNode, state,
+};
+
+pub mod render;
+
+use render::RenderContext;
+
+/// Reasons used in status conditions.
+pub mod reason {
+    /// Everything is deployed and ready.
+    pub const RECONCILED: &str = "Reconciled";
+    /// The spec is invalid; nothing was changed.
+    pub const RECONCILE_FAILED: &str = "ReconcileFailed";
+    /// No node carries any NFD label.
+    pub const NFD_LABELS_MISSING: &str = "NFDLabelsMissing";
+    /// No node has an NVIDIA GPU.
+    pub const NO_GPU_NODES: &str = "NoGPUNodes";
+    /// Some DaemonSet is not ready yet.
+    pub const OPERAND_NOT_READY: &str = "OperandNotReady";
+    /// The requested driver cannot drive some nodes' GPUs.
+    pub const DRIVER_INCOMPATIBLE: &str = "DriverIncompatible";
+    /// Some GPU nodes lack the labels needed to pick a driver image.
+    pub const DRIVER_POOL_UNKNOWN: &str = "DriverPoolUnknown";
+    /// Another ClusterPolicy is older and in charge.
+    pub const IGNORED: &str = "Ignored";
+}
+
+/// Options of [`desired_state`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Namespace of the operands.
+    pub namespace: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            namespace: DEFAULT_NAMESPACE.to_string(),
+        }
+    }
+}
+
+/// The answer of [`desired_state`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Desired {
+    /// Every object that should exist (with hash annotations).
+    pub objects: Vec<Object>,
+    /// Objects to create or replace (those whose hash differs from the current one).
+    pub apply: Vec<Object>,
+    /// Owned objects that should no longer exist.
+    pub delete: Vec<ObjectKey>,
+    /// Label changes per node (only nodes with changes).
+    pub node_labels: BTreeMap<String, LabelPatch>,
+    /// Status of the policy (condition times are left to the caller).
+    pub status: ClusterPolicyStatus,
+    /// The driver plan behind the driver DaemonSets.
+    pub driver: DriverPlan,
+    /// Number of desired objects left untouched because their hash matched.
+    pub unchanged: usize,
+}
+
+impl Desired {
+    /// Whether applying this changes anything in the cluster (status aside).
+    pub fn has_changes(&self) -> bool {
+        !self.apply.is_empty() || !self.delete.is_empty() || !self.node_labels.is_empty()
+    }
+}
+
+/// The policy in charge: the oldest by creation time, name as tie-breaker.
+/// Every other policy is `ignored`.
+pub fn active_policy(policies: &[ClusterPolicy]) -> Option<&ClusterPolicy> {
+    policies.iter().min_by(|a, b| {
+        let ta = a.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let tb = b.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        // A policy without a timestamp sorts last.
+        let ord = match (ta, tb) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => std::cmp::Ordering::Equal,
+        };
+        ord.then_with(|| a.metadata.name.cmp(&b.metadata.name))
+    })
+}
+
+/// Status of a policy that is not in charge.
+pub fn ignored_status(policy: &ClusterPolicy, active: &str) -> ClusterPolicyStatus {
+    ClusterPolicyStatus {
+        state: state::IGNORED.into(),
+        namespace: None,
+        conditions: vec![condition(
+            "Ready",
+            false,
+            reason::IGNORED,
+            format!("ClusterPolicy {active} is older and in charge; delete this one or that one"),
+        )],
+        unsupported_fields: Vec::new(),
+        refused_nodes: Vec::new(),
+        observed_generation: policy.metadata.generation,
+    }
+}
+
+fn condition(type_: &str, status: bool, reason: &str, message: String) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if status { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: None,
+    }
+}
+
+/// A stable 64-bit FNV-1a hash (stable across Rust versions and platforms,
+/// unlike `DefaultHasher`), hex-encoded. Used for change detection only.
+pub fn stable_hash(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Stamps the hash annotation on a desired object and returns the hash.
+pub fn stamp_hash(obj: &mut Object) -> String {
+    if let Some(a) = obj.meta_mut().annotations.as_mut() {
+        a.remove(HASH_ANNOTATION);
+    }
+    let bytes = serde_json::to_vec(&obj.to_json()).unwrap_or_default();
+    let hash = stable_hash(&bytes);
+    obj.meta_mut()
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(HASH_ANNOTATION.to_string(), hash.clone());
+    hash
+}
+
+/// GPUs on a node, from NFD PCI device labels or, failing that, the GFD product
+/// label, looked up in the GPU catalog.
+pub fn gpus_on_node(labels: &Labels) -> Vec<GpuIdentity> {
+    let facts = NodeFacts::from_labels(labels);
+    let mut out: Vec<GpuIdentity> = facts
+        .pci_device_ids
+        .iter()
+        .filter_map(|dev| u32::from_str_radix(dev, 16).ok())
+        .filter_map(|dev| catalog::by_pci_device_id((dev << 16) | 0x10de))
+        .map(|m| GpuIdentity {
+            model: m.product_name.clone(),
+            architecture: m.architecture.to_string(),
+        })
+        .collect();
+    if out.is_empty()
+        && let Some(product) = labels.get(GPU_PRODUCT)
+    {
+        let spaced = product.replace('-', " ");
+        out.push(
+            match catalog::by_product_name(product)
+                .or_else(|| catalog::by_product_name(&spaced))
+                .or_else(|| catalog::lookup(product).ok())
+            {
+                Some(m) => GpuIdentity {
+                    model: m.product_name.clone(),
+                    architecture: m.architecture.to_string(),
+                },
+                None => GpuIdentity {
+                    model: product.clone(),
+                    architecture: String::new(),
+                },
+            },
+        );
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn node_name(n: &Node) -> String {
+    n.metadata.name.clone().unwrap_or_default()
+}
+
+/// Readiness of a DaemonSet status, as the NVIDIA operator judges it.
+fn daemonset_ready(obj: &Object) -> bool {
+    let Some(ds) = obj.as_daemonset() else {
+        return true;
+    };
+    let Some(st) = &ds.status else {
+        return false;
+    };
+    let desired = st.desired_number_scheduled;
+    if desired == 0 {
+        return true;
+    }
+    if st.number_unavailable.unwrap_or(0) != 0 {
+        return false;
+    }
+    st.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0)
+        && st.updated_number_scheduled.unwrap_or(0) == desired
+        && st.number_available.unwrap_or(0) == desired
+}
+
+fn summarize(names: &[String], max: usize) -> String {
+    if names.len() <= max {
+        names.join(", ")
+    } else {
+        format!("{} and {} more", names[..max].join(", "), names.len() - max)
+    }
+}
+
+/// Computes the desired state. Pure: the same inputs always give the same answer.
+pub fn desired_state(
+    policy: &ClusterPolicy,
+    nodes: &[Node],
+    current: &[Object],
+    opts: &Options,
+) -> Desired {
+    let spec = &policy.spec;
+    let mut status = ClusterPolicyStatus {
+        state: state::NOT_READY.into(),
+        namespace: Some(opts.namespace.clone()),
+        conditions: Vec::new(),
+        unsupported_fields: spec.unsupported_fields(),
+        refused_nodes: Vec::new(),
+        observed_generation: policy.metadata.generation,
+    };
+
+    // Bad input changes nothing.
+    let errors = spec.validate();
+    if !errors.is_empty() {
+        let msg = errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
+        status.conditions = vec![
+            condition(
+                "Ready",
+                false,
+                reason::RECONCILE_FAILED,
+                "the spec is invalid; nothing was changed".into(),
+            ),
+            condition("Error", true, reason::RECONCILE_FAILED, msg),
+        ];
+        return Desired {
+            objects: current.to_vec(),
+            apply: Vec::new(),
+            delete: Vec::new(),
+            node_labels: BTreeMap::new(),
+            status,
+            driver: DriverPlan::default(),
+            unchanged: current.len(),
+        };
+    }
+
+    // Node labels, then the nodes as they will look.
+    let label_policy = LabelPolicy {
+        mig_config_default: Some(spec.mig_config_default()),
+    };
+    let mut node_labels = BTreeMap::new();
+    let mut effective: Vec<(String, Labels)> = Vec::with_capacity(nodes.len());
+    for n in nodes {
+        let mut labels: Labels = n.metadata.labels.clone().unwrap_or_default();
+        let patch = deploy_label_patch(&labels, &label_policy);
+        if !patch.is_empty() {
+            apply_patch(&mut labels, &patch);
+            node_labels.insert(node_name(n), patch);
+        }
+        effective.push((node_name(n), labels));
+    }
+    let facts: Vec<NodeFacts> = effective
+        .iter()
+        .map(|(_, l)| NodeFacts::from_labels(l))
+        .collect();
+    let any_nfd = facts.iter().any(|f| f.nfd);
+    let gpu_nodes: Vec<usize> = (0..effective.len()).filter(|i| facts[*i].gpu).collect();
+
+    // Driver plan over GPU nodes that run operands.
+    let enablement = spec.enablement();
+    let driver = if enablement.driver {
+        let dnodes: Vec<DriverNode> = gpu_nodes
+            .iter()
+            .filter(|i| !facts[**i].operands_disabled)
+            .map(|i| DriverNode {
+                name: effective[*i].0.clone(),
+                labels: effective[*i].1.clone(),
+                gpus: gpus_on_node(&effective[*i].1),
+            })
+            .collect();
+        // validate() already checked the request, so this cannot fail here.
+        plan_driver(&spec.driver_request(), &dnodes).unwrap_or_default()
+    } else {
+        DriverPlan::default()
+    };
+
+    // Objects.
+    let ctx = RenderContext {
+        policy,
+        namespace: &opts.namespace,
+    };
+    let mut objects = vec![render::namespace(&ctx), render::runtime_class(&ctx)];
+    for c in enablement.enabled() {
+        objects.push(render::service_account(&ctx, c));
+        objects.extend(render::rbac(&ctx, c));
+        if c == Component::Driver {
+            for pool in &driver.pools {
+                objects.push(render::daemonset(&ctx, c, Some(pool)));
+            }
+        } else {
+            objects.push(render::daemonset(&ctx, c, None));
+        }
+        if c == Component::MigManager
+            && spec
+                .mig_manager
+                .as_ref()
+                .and_then(|m| m.config.as_ref())
+                .and_then(|c| c.name.as_deref())
+                .is_none_or(|n| n.is_empty() || n == "default-mig-parted-config")
+        {
+            objects.push(render::mig_parted_config(&ctx));
+        }
+    }
+
+    // Diff by hash.
+    let current_by_key: BTreeMap<ObjectKey, &Object> =
+        current.iter().map(|o| (o.key(), o)).collect();
+    let mut apply = Vec::new();
+    let mut unchanged = 0;
+    let mut desired_keys = BTreeSet::new();
+    let mut not_ready = Vec::new();
+    for obj in objects.iter_mut() {
+        let hash = stamp_hash(obj);
+        let key = obj.key();
+        desired_keys.insert(key.clone());
+        match current_by_key.get(&key) {
+            Some(cur) if cur.spec_hash() == Some(hash.as_str()) => {
+                unchanged += 1;
+                if !daemonset_ready(cur) {
+                    not_ready.push(key.name.clone());
+                }
+            }
+            _ => {
+                if obj.as_daemonset().is_some() {
+                    not_ready.push(key.name.clone());
+                }
+                apply.push(obj.clone());
+            }
+        }
+    }
+    let delete: Vec<ObjectKey> = current
+        .iter()
+        .filter(|o| o.is_managed())
+        .map(Object::key)
+        .filter(|k| !desired_keys.contains(k))
+        .collect();
+
+    // Status.
+    for r in &driver.refused {
+        status.refused_nodes.push(RefusedNode {
+            node: r.node.clone(),
+            reason: r.reason.clone(),
+        });
+    }
+    for r in &driver.unpooled {
+        status.refused_nodes.push(RefusedNode {
+            node: r.node.clone(),
+            reason: r.reason.clone(),
+        });
+    }
+    let (ready, reason_, message) = if !any_nfd {
+        (
+            true,
+            reason::NFD_LABELS_MISSING,
+            "no node has node-feature-discovery labels; install NFD so GPU nodes can be found"
+                .to_string(),
+        )
+    } else if gpu_nodes.is_empty() {
+        (
+            true,
+            reason::NO_GPU_NODES,
+            "no node has an NVIDIA GPU".to_string(),
+        )
+    } else if !not_ready.is_empty() {
+        (
+            false,
+            reason::OPERAND_NOT_READY,
+            format!("not ready: {}", summarize(&not_ready, 5)),
+        )
+    } else {
+        (
+            true,
+            reason::RECONCILED,
+            format!("{} GPU node(s) ready", gpu_nodes.len()),
+        )
+    };
+    let error = if !driver.refused.is_empty() {
+        let names: Vec<String> = driver
+            .refused
+            .iter()
+            .map(|r| format!("{} ({})", r.node, r.reason))
+            .collect();
+        Some((
+            reason::DRIVER_INCOMPATIBLE,
+            format!(
+                "driver {} is not deployed to: {}",
+                spec.driver_request().version,
+                summarize(&names, 5)
+            ),
+        ))
+    } else if !driver.unpooled.is_empty() {
+        let names: Vec<String> = driver
+            .unpooled
+            .iter()
+            .map(|r| format!("{} ({})", r.node, r.reason))
+            .collect();
+        Some((
+            reason::DRIVER_POOL_UNKNOWN,
+            format!("no driver image for: {}", summarize(&names, 5)),
+        ))
+    } else {
+        None
+    };
+    let ready = ready && error.is_none();
+    status.state = if ready {
+        state::READY
+    } else {
+        state::NOT_READY
+    }
+    .into();
+    status.conditions = match &error {
+        Some((r, m)) => vec![
+            condition(
+                "Ready",
+                false,
+                if ready_reason_is_error(reason_) {
+                    r
+                } else {
+                    reason_
+                },
+                message,
+            ),
+            condition("Error", true, r, m.clone()),
+        ],
+        None => vec![
+            condition("Ready", ready, reason_, message),
+            condition("Error", false, reason::RECONCILED, String::new()),
+        ],
+    };
+
+    Desired {
+        objects,
+        apply,
+        delete,
+        node_labels,
+        status,
+        driver,
+        unchanged,
+    }
+}
+
+fn ready_reason_is_error(r: &str) -> bool {
+    // When operands are otherwise fine, the error reason explains "not ready".
+    r == reason::RECONCILED
+}
+
+/// Merges condition times: a condition whose status did not change keeps its
+/// previous time; a changed or new one gets `now`.
+pub fn carry_condition_times(
+    new: &mut ClusterPolicyStatus,
+    old: Option<&ClusterPolicyStatus>,
+    now: &str,
+) {
+    for c in &mut new.conditions {
+        let prev = old.and_then(|o| o.conditions.iter().find(|p| p.type_ == c.type_));
+        c.last_transition_time = match prev {
+            Some(p) if p.status == c.status => p.last_transition_time.clone(),
+            _ => Some(now.to_string()),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,834 @@
+//! Rendering of the objects the operator owns: namespace, service accounts,
+//! RBAC, RuntimeClass, ConfigMaps and one DaemonSet per enabled component
+//! (per driver pool for the driver).
+use std::collections::BTreeMap;
+
+use gpu_stack_core::operator::components::{Component, Gate, VALIDATIONS_DIR};
+use gpu_stack_core::operator::driver::{DriverPool, KernelModuleType};
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, ExecAction,
+    HostPathVolumeSource, Lifecycle, LifecycleHandler, Namespace, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec, PodTemplateSpec,
+    Probe, ResourceRequirements, SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL, Object};
+use crate::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
+
+/// The default mig-parted configuration shipped as the
+/// `default-mig-parted-config` ConfigMap.
+pub const DEFAULT_MIG_PARTED_CONFIG: &str = gpu_stack_core::migparted::DEFAULT_CONFIG_YAML;
+/// Image of the driver manager init container of driver pods.
+pub const DRIVER_MANAGER_IMAGE: &str = "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0";
+/// Label naming the component on every object.
+pub const COMPONENT_LABEL: &str = "nvidia.com/gpu-stack.component";
+/// Label on per-pool driver DaemonSets built from precompiled images.
+pub const PRECOMPILED_LABEL: &str = "nvidia.com/precompiled";
+
+/// Common context of every rendered object.
+pub struct RenderContext<'a> {
+    /// The policy.
+    pub policy: &'a ClusterPolicy,
+    /// Operand namespace.
+    pub namespace: &'a str,
+}
+
+impl RenderContext<'_> {
+    fn spec(&self) -> &ClusterPolicySpec {
+        &self.policy.spec
+    }
+
+    fn owner(&self) -> Option<Vec<OwnerReference>> {
+        let uid = self.policy.metadata.uid.clone()?;
+        Some(vec![OwnerReference {
+            api_version: "nvidia.com/v1".into(),
+            kind: "ClusterPolicy".into(),
+            name: self.policy.metadata.name.clone().unwrap_or_default(),
+            uid,
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }])
+    }
+
+    fn meta(&self, name: &str, namespaced: bool, component: Option<Component>) -> ObjectMeta {
+        let mut labels = BTreeMap::new();
+        labels.insert(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string());
+        labels.insert(
+            "app.kubernetes.io/part-of".to_string(),
+            "gpu-stack".to_string(),
+        );
+        if let Some(c) = component {
+            labels.insert(
+                COMPONENT_LABEL.to_string(),
+                c.deploy_label_suffix().to_string(),
+            );
+        }
+        ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: namespaced.then(|| self.namespace.to_string()),
+            labels: Some(labels),
+            owner_references: self.owner(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The operand namespace, with Pod Security Admission labels when `psa.enabled`.
+pub fn namespace(ctx: &RenderContext) -> Object {
+    let mut meta = ctx.meta(ctx.namespace, false, None);
+    // The namespace outlives the policy: no owner reference.
+    meta.owner_references = None;
+    if ctx
+        .spec()
+        .psa
+        .as_ref()
+        .and_then(|p| p.enabled)
+        .unwrap_or(false)
+        && let Some(l) = meta.labels.as_mut()
+    {
+        for mode in ["enforce", "audit", "warn"] {
+            l.insert(
+                format!("pod-security.kubernetes.io/{mode}"),
+                "privileged".into(),
+            );
+        }
+    }
+    Object::Namespace(Namespace {
+        metadata: meta,
+        ..Default::default()
+    })
+}
+
+/// The RuntimeClass operand pods use.
+pub fn runtime_class(ctx: &RenderContext) -> Object {
+    let name = ctx.spec().runtime_class();
+    Object::RuntimeClass(RuntimeClass {
+        metadata: ctx.meta(&name, false, None),
+        handler: name.clone(),
+        ..Default::default()
+    })
+}
+
+/// Service account name of a component.
+pub fn service_account_name(c: Component) -> String {
+    match c {
+        Component::Driver => "nvidia-driver".into(),
+        Component::ContainerToolkit => "nvidia-container-toolkit".into(),
+        Component::OperatorValidator => "nvidia-operator-validator".into(),
+        Component::DevicePlugin => "nvidia-device-plugin".into(),
+        Component::GpuFeatureDiscovery => "nvidia-gpu-feature-discovery".into(),
+        Component::DcgmExporter => "nvidia-dcgm-exporter".into(),
+        Component::MigManager => "nvidia-mig-manager".into(),
+        Component::NodeStatusExporter => "nvidia-node-status-exporter".into(),
+    }
+}
+
+/// A service account.
+pub fn service_account(ctx: &RenderContext, c: Component) -> Object {
+    Object::ServiceAccount(ServiceAccount {
+        metadata: ctx.meta(&service_account_name(c), true, Some(c)),
+        ..Default::default()
+    })
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let v = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(v(groups)),
+        resources: Some(v(resources)),
+        verbs: v(verbs),
+        ..Default::default()
+    }
+}
+
+/// The API access a component needs (empty for components that need none).
+pub fn rbac_rules(c: Component) -> Vec<PolicyRule> {
+    match c {
+        Component::Driver => vec![
+            rule(
+                &[""],
+                &["nodes"],
+                &["get", "list", "watch", "patch", "update"],
+            ),
+            rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+            rule(&[""], &["pods/eviction"], &["create"]),
+            rule(&["apps"], &["daemonsets"], &["get", "list", "watch"]),
+        ],
+        Component::OperatorValidator => vec![
+            rule(&[""], &["nodes"], &["get", "list", "watch"]),
+            rule(
+                &[""],
+                &["pods"],
+                &["get", "list", "watch", "create", "delete"],
+            ),
+        ],
+        Component::DevicePlugin | Component::DcgmExporter => {
+            vec![rule(&[""], &["nodes"], &["get", "list", "watch"])]
+        }
+        Component::GpuFeatureDiscovery => {
+            vec![rule(
+                &[""],
+                &["nodes"],
+                &["get", "list", "watch", "patch", "update"],
+            )]
+        }
+        Component::MigManager => vec![
+            rule(
+                &[""],
+                &["nodes"],
+                &["get", "list", "watch", "patch", "update"],
+            ),
+            rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+        ],
+        Component::ContainerToolkit | Component::NodeStatusExporter => Vec::new(),
+    }
+}
+
+/// ClusterRole and binding of a component, if it needs API access.
+pub fn rbac(ctx: &RenderContext, c: Component) -> Vec<Object> {
+    let rules = rbac_rules(c);
+    if rules.is_empty() {
+        return Vec::new();
+    }
+    let name = service_account_name(c);
+    vec![
+        Object::ClusterRole(ClusterRole {
+            metadata: ctx.meta(&name, false, Some(c)),
+            rules: Some(rules),
+            ..Default::default()
+        }),
+        Object::ClusterRoleBinding(ClusterRoleBinding {
+            metadata: ctx.meta(&name, false, Some(c)),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: name.clone(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name,
+                namespace: Some(ctx.namespace.to_string()),
+                ..Default::default()
+            }]),
+        }),
+    ]
+}
+
+/// The default mig-parted config ConfigMap.
+pub fn mig_parted_config(ctx: &RenderContext) -> Object {
+    Object::ConfigMap(ConfigMap {
+        metadata: ctx.meta(
+            &ctx.spec().mig_config_name(),
+            true,
+            Some(Component::MigManager),
+        ),
+        data: Some(
+            [(
+                "config.yaml".to_string(),
+                DEFAULT_MIG_PARTED_CONFIG.to_string(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    })
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn node_name_env() -> EnvVar {
+    EnvVar {
+        name: "NODE_NAME".into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "spec.nodeName".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn host_volume(name: &str, path: &str, kind: Option<&str>) -> Volume {
+    Volume {
+        name: name.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: path.into(),
+            type_: kind.map(Into::into),
+        }),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool, propagation: Option<&str>) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        mount_propagation: propagation.map(Into::into),
+        ..Default::default()
+    }
+}
+
+fn privileged() -> Option<SecurityContext> {
+    Some(SecurityContext {
+        privileged: Some(true),
+        ..Default::default()
+    })
+}
+
+const VALIDATIONS_VOLUME: &str = "run-nvidia-validations";
+const DRIVER_ROOT_VOLUME: &str = "driver-install-dir";
+const HOST_ROOT_VOLUME: &str = "host-root";
+
+fn gate_container(ctx: &RenderContext, gate: Gate) -> Container {
+    let validator = ctx.spec().image_settings(Component::OperatorValidator);
+    let mut c = Container {
+        name: gate.container_name().into(),
+        image: Some(validator.image),
+        image_pull_policy: Some(validator.pull_policy),
+        volume_mounts: Some(vec![mount(
+            VALIDATIONS_VOLUME,
+            VALIDATIONS_DIR,
+            false,
+            Some("Bidirectional"),
+        )]),
+        security_context: privileged(),
+        ..Default::default()
+    };
+    match gate.validator_component() {
+        Some(component) => {
+            c.env = Some(vec![
+                env("COMPONENT", component),
+                env("WITH_WAIT", "true"),
+                env("WITH_WORKLOAD", "false"),
+                env("MIG_STRATEGY", ctx.spec().mig_strategy()),
+                node_name_env(),
+            ]);
+            if gate == Gate::DriverValidation {
+                c.volume_mounts.get_or_insert_with(Vec::new).extend([
+                    mount(
+                        DRIVER_ROOT_VOLUME,
+                        "/run/nvidia/driver",
+                        false,
+                        Some("HostToContainer"),
+                    ),
+                    mount(HOST_ROOT_VOLUME, "/host", true, Some("HostToContainer")),
+                ]);
+            }
+        }
+        None => {
+            c.command = Some(vec!["sh".into(), "-c".into()]);
+            c.args = Some(vec![gate.wait_command()]);
+            c.security_context = None;
+        }
+    }
+    c
+}
+
+fn tolerations(spec: &ClusterPolicySpec) -> Vec<Toleration> {
+    match spec
+        .daemonsets
+        .as_ref()
+        .and_then(|d| d.tolerations.as_ref())
+    {
+        Some(ts) => ts
+            .iter()
+            .map(|t| Toleration {
+                key: t.key.clone(),
+                operator: t.operator.clone(),
+                value: t.value.clone(),
+                effect: t.effect.clone(),
+                toleration_seconds: t.toleration_seconds,
+            })
+            .collect(),
+        None => vec![Toleration {
+            key: Some("nvidia.com/gpu".into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        }],
+    }
+}
+
+fn resources(spec: &ClusterPolicySpec, c: Component) -> Option<ResourceRequirements> {
+    let r = spec.component(c)?.resources.as_ref()?;
+    let q = |m: &BTreeMap<String, String>| {
+        (!m.is_empty()).then(|| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+                .collect::<BTreeMap<_, _>>()
+        })
+    };
+    Some(ResourceRequirements {
+        limits: q(&r.limits),
+        requests: q(&r.requests),
+        ..Default::default()
+    })
+}
+
+/// Main-container env specific to a component (before user env).
+fn component_env(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -> Vec<EnvVar> {
+    let spec = ctx.spec();
+    let mut out = vec![node_name_env()];
+    match c {
+        Component::Driver => {
+            if let Some(p) = pool {
+                out.push(env("KERNEL_MODULE_TYPE", p.kernel_module_type.as_str()));
+                if p.kernel_module_type == KernelModuleType::Open {
+                    out.push(env("OPEN_KERNEL_MODULES_ENABLED", "true"));
+                }
+            }
+        }
+        Component::ContainerToolkit => {
+            out.push(env("CDI_ENABLED", spec.cdi_enabled().to_string()));
+            out.push(env("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"));
+            out.push(env("CONTAINERD_RUNTIME_CLASS", spec.runtime_class()));
+            let dir = spec
+                .toolkit
+                .as_ref()
+                .and_then(|t| t.install_dir.clone())
+                .unwrap_or_else(|| "/usr/local/nvidia".into());
+            out.push(env("TOOLKIT_INSTALL_DIR", dir));
+        }
+        Component::DevicePlugin | Component::GpuFeatureDiscovery => {
+            out.push(env("MIG_STRATEGY", spec.mig_strategy()));
+        }
+        Component::MigManager => {
+            out.push(env("CONFIG_FILE", "/mig-parted-config/config.yaml"));
+            out.push(env("DEFAULT_MIG_CONFIG", spec.mig_config_default()));
+            out.push(env("WITH_REBOOT", "false"));
+        }
+        Component::OperatorValidator | Component::DcgmExporter | Component::NodeStatusExporter => {}
+    }
+    // User env overrides by name.
+    if let Some(cs) = spec.component(c) {
+        for e in &cs.env {
+            out.retain(|x| x.name != e.name);
+            out.push(env(&e.name, e.value.clone()));
+        }
+    }
+    out
+}
+
+/// Volumes and main-container mounts of a component.
+fn volumes(ctx: &RenderContext, c: Component) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let spec = ctx.spec();
+    let hp = spec.host_paths.clone().unwrap_or_default();
+    let driver_root = hp
+        .driver_install_dir
+        .unwrap_or_else(|| "/run/nvidia/driver".into());
+    let root_fs = hp.root_fs.unwrap_or_else(|| "/".into());
+    let kubelet = hp
+        .kubelet_root_dir
+        .unwrap_or_else(|| "/var/lib/kubelet".into());
+    let mut vols = vec![
+        host_volume(
+            VALIDATIONS_VOLUME,
+            VALIDATIONS_DIR,
+            Some("DirectoryOrCreate"),
+        ),
+        host_volume(DRIVER_ROOT_VOLUME, &driver_root, Some("DirectoryOrCreate")),
+        host_volume(HOST_ROOT_VOLUME, &root_fs, None),
+    ];
+    let mut mounts = vec![mount(
+        VALIDATIONS_VOLUME,
+        VALIDATIONS_DIR,
+        false,
+        Some("HostToContainer"),
+    )];
+    match c {
+        Component::Driver => {
+            mounts[0].mount_propagation = Some("Bidirectional".into());
+            mounts.push(mount(
+                DRIVER_ROOT_VOLUME,
+                "/run/nvidia/driver",
+                false,
+                Some("Bidirectional"),
+            ));
+            mounts.push(mount(
+                HOST_ROOT_VOLUME,
+                "/host",
+                true,
+                Some("HostToContainer"),
+            ));
+            vols.push(host_volume("dev-log", "/dev/log", None));
+            mounts.push(mount("dev-log", "/dev/log", false, None));
+        }
+        Component::ContainerToolkit => {
+            let dir = spec
+                .toolkit
+                .as_ref()
+                .and_then(|t| t.install_dir.clone())
+                .unwrap_or_else(|| "/usr/local/nvidia".into());
+            vols.push(host_volume(
+                "toolkit-install-dir",
+                &dir,
+                Some("DirectoryOrCreate"),
+            ));
+            vols.push(host_volume(
+                "containerd-config",
+                "/etc/containerd",
+                Some("DirectoryOrCreate"),
+            ));
+            vols.push(host_volume("containerd-socket", "/run/containerd", None));
+            vols.push(host_volume(
+                "cdi-root",
+                "/var/run/cdi",
+                Some("DirectoryOrCreate"),
+            ));
+            mounts.push(mount(
+                "toolkit-install-dir",
+                "/usr/local/nvidia",
+                false,
+                None,
+            ));
+            mounts.push(mount(
+                "containerd-config",
+                "/runtime/config-dir",
+                false,
+                None,
+            ));
+            mounts.push(mount("containerd-socket", "/runtime/sock-dir", false, None));
+            mounts.push(mount("cdi-root", "/var/run/cdi", false, None));
+            mounts.push(mount(
+                DRIVER_ROOT_VOLUME,
+                "/run/nvidia/driver",
+                false,
+                Some("HostToContainer"),
+            ));
+            mounts.push(mount(
+                HOST_ROOT_VOLUME,
+                "/host",
+                true,
+                Some("HostToContainer"),
+            ));
+        }
+        Component::DevicePlugin => {
+            vols.push(host_volume(
+                "device-plugin",
+                &format!("{kubelet}/device-plugins"),
+                None,
+            ));
+            vols.push(host_volume(
+                "cdi-root",
+                "/var/run/cdi",
+                Some("DirectoryOrCreate"),
+            ));
+            mounts.push(mount(
+                "device-plugin",
+                "/var/lib/kubelet/device-plugins",
+                false,
+                None,
+            ));
+            mounts.push(mount("cdi-root", "/var/run/cdi", false, None));
+            mounts.push(mount(
+                DRIVER_ROOT_VOLUME,
+                "/driver-root",
+                true,
+                Some("HostToContainer"),
+            ));
+        }
+        Component::DcgmExporter => {
+            vols.push(host_volume(
+                "pod-resources",
+                &format!("{kubelet}/pod-resources"),
+                None,
+            ));
+            mounts.push(mount(
+                "pod-resources",
+                "/var/lib/kubelet/pod-resources",
+                true,
+                None,
+            ));
+        }
+        Component::MigManager => {
+            vols.push(Volume {
+                name: "mig-parted-config".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: spec.mig_config_name(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            mounts.push(mount("mig-parted-config", "/mig-parted-config", true, None));
+            mounts.push(mount(
+                HOST_ROOT_VOLUME,
+                "/host",
+                false,
+                Some("HostToContainer"),
+            ));
+            mounts.push(mount(
+                DRIVER_ROOT_VOLUME,
+                "/run/nvidia/driver",
+                true,
+                Some("HostToContainer"),
+            ));
+        }
+        Component::GpuFeatureDiscovery
+        | Component::NodeStatusExporter
+        | Component::OperatorValidator => {
+            mounts.push(mount(
+                DRIVER_ROOT_VOLUME,
+                "/run/nvidia/driver",
+                true,
+                Some("HostToContainer"),
+            ));
+        }
+    }
+    (vols, mounts)
+}
+
+/// One DaemonSet of a component; for the driver, one per pool.
+pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -> Object {
+    let spec = ctx.spec();
+    let name = match pool {
+        Some(p) => p.name.clone(),
+        None => c.daemonset_name().to_string(),
+    };
+    let image = match pool {
+        Some(p) => p.image.clone(),
+        None => spec.image_settings(c).image,
+    };
+    let settings = spec.image_settings(c);
+    let mut pod_labels: BTreeMap<String, String> = BTreeMap::new();
+    pod_labels.insert("app".into(), name.clone());
+    pod_labels.insert("app.kubernetes.io/part-of".into(), "gpu-stack".into());
+    pod_labels.insert(COMPONENT_LABEL.into(), c.deploy_label_suffix().into());
+    let ds_spec = spec.daemonsets.clone().unwrap_or_default();
+    for (k, v) in &ds_spec.labels {
+        pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    let mut node_selector = BTreeMap::new();
+    node_selector.insert(c.deploy_label(), "true".to_string());
+    let mut affinity = None;
+    if let Some(p) = pool {
+        node_selector.extend(p.selector.clone());
+        if !p.excluded.is_empty() {
+            affinity = Some(Affinity {
+                node_affinity: Some(NodeAffinity {
+                    required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                        node_selector_terms: vec![NodeSelectorTerm {
+                            match_fields: Some(vec![NodeSelectorRequirement {
+                                key: "metadata.name".into(),
+                                operator: "NotIn".into(),
+                                values: Some(p.excluded.clone()),
+                            }]),
+                            ..Default::default()
+                        }],
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
+    let (vols, mounts) = volumes(ctx, c);
+    let mut init: Vec<Container> = c.gates().iter().map(|g| gate_container(ctx, *g)).collect();
+    let mut main = Container {
+        name: c
+            .daemonset_name()
+            .trim_end_matches("-daemonset")
+            .to_string(),
+        image: Some(image),
+        image_pull_policy: Some(settings.pull_policy.clone()),
+        args: spec
+            .component(c)
+            .map(|s| s.args.clone())
+            .filter(|a| !a.is_empty()),
+        env: Some(component_env(ctx, c, pool)),
+        resources: resources(spec, c),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    let mut host_pid = None;
+    match c {
+        Component::Driver => {
+            init.insert(
+                0,
+                Container {
+                    name: "k8s-driver-manager".into(),
+                    image: Some(DRIVER_MANAGER_IMAGE.into()),
+                    image_pull_policy: Some("IfNotPresent".into()),
+                    command: Some(vec!["driver-manager".into()]),
+                    args: Some(vec!["uninstall_driver".into()]),
+                    env: Some(vec![
+                        node_name_env(),
+                        env("NVIDIA_VISIBLE_DEVICES", "void"),
+                        env("ENABLE_GPU_POD_EVICTION", "true"),
+                        env("ENABLE_AUTO_DRAIN", "false"),
+                    ]),
+                    security_context: privileged(),
+                    volume_mounts: Some(vec![
+                        mount(
+                            DRIVER_ROOT_VOLUME,
+                            "/run/nvidia/driver",
+                            false,
+                            Some("Bidirectional"),
+                        ),
+                        mount(HOST_ROOT_VOLUME, "/host", true, Some("HostToContainer")),
+                    ]),
+                    ..Default::default()
+                },
+            );
+            main.security_context = privileged();
+            let ready = format!("{VALIDATIONS_DIR}/.driver-ctr-ready");
+            main.startup_probe = Some(Probe {
+                exec: Some(ExecAction {
+                    command: Some(vec![
+                        "sh".into(),
+                        "-c".into(),
+                        format!("nvidia-smi && touch {ready}"),
+                    ]),
+                }),
+                initial_delay_seconds: Some(60),
+                period_seconds: Some(10),
+                failure_threshold: Some(120),
+                timeout_seconds: Some(60),
+                ..Default::default()
+            });
+            main.lifecycle = Some(Lifecycle {
+                pre_stop: Some(LifecycleHandler {
+                    exec: Some(ExecAction {
+                        command: Some(vec![
+                            "sh".into(),
+                            "-c".into(),
+                            format!("rm -f {ready} {VALIDATIONS_DIR}/.driver-daemons-status"),
+                        ]),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            host_pid = Some(true);
+        }
+        Component::ContainerToolkit | Component::MigManager | Component::DevicePlugin => {
+            main.security_context = privileged();
+            if c == Component::MigManager {
+                host_pid = Some(true);
+            }
+        }
+        Component::OperatorValidator => {
+            main.command = Some(vec!["sh".into(), "-c".into()]);
+            main.args = Some(vec![
+                "echo all validations are successful; sleep infinity".into(),
+            ]);
+            main.lifecycle = Some(Lifecycle {
+                pre_stop: Some(LifecycleHandler {
+                    exec: Some(ExecAction {
+                        command: Some(vec![
+                            "sh".into(),
+                            "-c".into(),
+                            format!("rm -f {VALIDATIONS_DIR}/*-ready"),
+                        ]),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+        _ => {}
+    }
+    // Operands other than the driver and the toolkit run through the NVIDIA runtime.
+    let runtime_class = (!matches!(c, Component::Driver | Component::ContainerToolkit))
+        .then(|| spec.runtime_class());
+    let update_strategy = if c == Component::Driver {
+        // Driver pods are replaced by the upgrade flow, never by a rolling update.
+        DaemonSetUpdateStrategy {
+            type_: Some("OnDelete".into()),
+            ..Default::default()
+        }
+    } else {
+        match ds_spec.update_strategy.as_deref() {
+            Some("OnDelete") => DaemonSetUpdateStrategy {
+                type_: Some("OnDelete".into()),
+                ..Default::default()
+            },
+            _ => {
+                let mu = ds_spec
+                    .rolling_update
+                    .as_ref()
+                    .and_then(|r| r.max_unavailable.clone())
+                    .unwrap_or_else(|| "1".into());
+                let mu = match mu.parse::<i32>() {
+                    Ok(n) => IntOrString::Int(n),
+                    Err(_) => IntOrString::String(mu),
+                };
+                DaemonSetUpdateStrategy {
+                    type_: Some("RollingUpdate".into()),
+                    rolling_update: Some(RollingUpdateDaemonSet {
+                        max_unavailable: Some(mu),
+                        ..Default::default()
+                    }),
+                }
+            }
+        }
+    };
+    let mut meta = ctx.meta(&name, true, Some(c));
+    if let Some(p) = pool
+        && p.kernel.is_some()
+        && let Some(l) = meta.labels.as_mut()
+    {
+        l.insert(PRECOMPILED_LABEL.into(), "true".into());
+    }
+    let annotations = (!ds_spec.annotations.is_empty()).then(|| ds_spec.annotations.clone());
+    let pull_secrets = (!settings.pull_secrets.is_empty()).then(|| {
+        settings
+            .pull_secrets
+            .iter()
+            .map(|s| k8s_openapi::api::core::v1::LocalObjectReference { name: s.clone() })
+            .collect()
+    });
+    Object::DaemonSet(DaemonSet {
+        metadata: meta,
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some([("app".to_string(), name.clone())].into()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations,
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(service_account_name(c)),
+                    node_selector: Some(node_selector),
+                    affinity,
+                    tolerations: Some(tolerations(spec)),
+                    priority_class_name: Some(
+                        ds_spec
+                            .priority_class_name
+                            .clone()
+                            .unwrap_or_else(|| "system-node-critical".into()),
+                    ),
+                    runtime_class_name: runtime_class,
+                    host_pid,
+                    image_pull_secrets: pull_secrets,
+                    init_containers: (!init.is_empty()).then_some(init),
+                    containers: vec![main],
+                    volumes: Some(vols),
+                    ..Default::default()
+                }),
+            },
+            update_strategy: Some(update_strategy),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}

@@ -1,0 +1,236 @@
+//! The operator's reconcile loop over the [`Cluster`] seam.
+//!
+//! One pass: pick the ClusterPolicy in charge (oldest wins; the others are
+//! marked `ignored`), compute the desired state from the policy, the nodes
+//! and the owned objects, then act: node labels first (so DaemonSet selectors
+//! match), objects in dependency order, stale objects deleted, status last.
+//! Passes are idempotent: a pass over a converged cluster writes nothing.
+use std::collections::BTreeMap;
+
+use futures::{Stream, StreamExt};
+use gpu_stack_core::operator::driver::DriverPlan;
+use gpu_stack_core::operator::labels::LabelPatch;
+use serde::Serialize;
+
+use crate::cluster::{Cluster, ClusterError, ObjectKey};
+use crate::clusterpolicy::ClusterPolicyStatus;
+use crate::desired::{self, Options, active_policy, carry_condition_times, ignored_status};
+
+/// Errors of a reconcile pass.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// A cluster call failed.
+    #[error("reconcile pass failed while {during}: {source}")]
+    Cluster {
+        /// What the pass was doing.
+        during: String,
+        /// The cluster error.
+        #[source]
+        source: ClusterError,
+    },
+    /// The cluster did not settle within the allowed number of passes.
+    #[error(
+        "the cluster still had changes after {passes} passes; something keeps rewriting owned objects or node labels"
+    )]
+    NotConverged {
+        /// Passes run.
+        passes: usize,
+    },
+}
+
+fn during(what: impl Into<String>) -> impl FnOnce(ClusterError) -> OperatorError {
+    let during = what.into();
+    move |source| OperatorError::Cluster { during, source }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PassReport {
+    /// The policy in charge, if any.
+    pub policy: Option<String>,
+    /// Policies marked ignored.
+    pub ignored: Vec<String>,
+    /// Objects created or replaced.
+    pub applied: Vec<ObjectKey>,
+    /// Objects deleted.
+    pub deleted: Vec<ObjectKey>,
+    /// Node label changes made.
+    pub labelled: BTreeMap<String, LabelPatch>,
+    /// Desired objects left untouched (hash unchanged).
+    pub unchanged: usize,
+    /// Status written to the policy in charge.
+    pub status: Option<ClusterPolicyStatus>,
+    /// Driver pools and refusals behind the driver DaemonSets.
+    pub driver: DriverPlan,
+}
+
+impl PassReport {
+    /// Whether the pass changed objects or labels.
+    pub fn changed(&self) -> bool {
+        !self.applied.is_empty() || !self.deleted.is_empty() || !self.labelled.is_empty()
+    }
+}
+
+/// Source of timestamps for condition transition times (RFC 3339).
+pub type Clock = Box<dyn Fn() -> String + Send + Sync>;
+
+/// The operator over a cluster.
+pub struct Operator<C> {
+    cluster: C,
+    options: Options,
+    clock: Clock,
+}
+
+/// The wall clock, as RFC 3339.
+pub fn system_clock() -> Clock {
+    Box::new(|| k8s_openapi::jiff::Timestamp::now().to_string())
+}
+
+impl<C: Cluster> Operator<C> {
+    /// An operator with default options (namespace `gpu-operator`) and the
+    /// wall clock.
+    pub fn new(cluster: C) -> Operator<C> {
+        Operator {
+            cluster,
+            options: Options::default(),
+            clock: system_clock(),
+        }
+    }
+
+    /// Replaces the options.
+    pub fn with_options(mut self, options: Options) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Replaces the clock (deterministic output in tests and the demo).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The cluster.
+    pub fn cluster(&self) -> &C {
+        &self.cluster
+    }
+
+    /// Runs one reconcile pass.
+    pub async fn reconcile_once(&self) -> Result<PassReport, OperatorError> {
+        let mut report = PassReport::default();
+        let policies = self
+            .cluster
+            .list_cluster_policies()
+            .await
+            .map_err(during("listing ClusterPolicies"))?;
+        let Some(active) = active_policy(&policies).cloned() else {
+            return Ok(report);
+        };
+        let active_name = active.metadata.name.clone().unwrap_or_default();
+        for p in &policies {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            if name == active_name {
+                continue;
+            }
+            let mut st = ignored_status(p, &active_name);
+            carry_condition_times(&mut st, p.status.as_ref(), &(self.clock)());
+            if p.status.as_ref() != Some(&st) {
+                self.cluster
+                    .update_policy_status(&name, &st)
+                    .await
+                    .map_err(during(format!("marking ClusterPolicy {name} ignored")))?;
+            }
+            report.ignored.push(name);
+        }
+        report.policy = Some(active_name.clone());
+
+        let nodes = self
+            .cluster
+            .list_nodes()
+            .await
+            .map_err(during("listing nodes"))?;
+        let owned = self
+            .cluster
+            .list_owned()
+            .await
+            .map_err(during("listing owned objects"))?;
+        let want = desired::desired_state(&active, &nodes, &owned, &self.options);
+
+        for (node, patch) in &want.node_labels {
+            self.cluster
+                .patch_node_labels(node, patch)
+                .await
+                .map_err(during(format!("labelling node {node}")))?;
+        }
+        report.labelled = want.node_labels.clone();
+        for obj in &want.apply {
+            let key = obj.key();
+            self.cluster
+                .apply(obj.clone())
+                .await
+                .map_err(during(format!("applying {key}")))?;
+            report.applied.push(key);
+        }
+        for key in &want.delete {
+            self.cluster
+                .delete(key)
+                .await
+                .map_err(during(format!("deleting {key}")))?;
+            report.deleted.push(key.clone());
+        }
+
+        let mut status = want.status.clone();
+        carry_condition_times(&mut status, active.status.as_ref(), &(self.clock)());
+        if active.status.as_ref() != Some(&status) {
+            self.cluster
+                .update_policy_status(&active_name, &status)
+                .await
+                .map_err(during(format!(
+                    "updating the status of ClusterPolicy {active_name}"
+                )))?;
+        }
+        report.status = Some(status);
+        report.unchanged = want.unchanged;
+        report.driver = want.driver;
+        Ok(report)
+    }
+
+    /// Runs passes until one changes nothing (at most `max_passes`); returns
+    /// every pass's report.
+    pub async fn converge(&self, max_passes: usize) -> Result<Vec<PassReport>, OperatorError> {
+        let mut reports = Vec::new();
+        for _ in 0..max_passes.max(1) {
+            let r = self.reconcile_once().await?;
+            let changed = r.changed();
+            reports.push(r);
+            if !changed {
+                return Ok(reports);
+            }
+        }
+        Err(OperatorError::NotConverged {
+            passes: reports.len(),
+        })
+    }
+
+    /// Reconciles once, then again after every trigger (node events, timer
+    /// ticks, ...) until the trigger stream ends. Pass errors are returned to
+    /// `on_error` and do not stop the loop.
+    pub async fn run<S, F>(&self, triggers: S, mut on_report: F)
+    where
+        S: Stream<Item = ()> + Unpin,
+        F: FnMut(Result<PassReport, OperatorError>),
+    {
+        on_report(
+            self.converge(8)
+                .await
+                .map(|mut r| r.pop().unwrap_or_default()),
+        );
+        let mut triggers = triggers;
+        while triggers.next().await.is_some() {
+            on_report(
+                self.converge(8)
+                    .await
+                    .map(|mut r| r.pop().unwrap_or_default()),
+            );
+        }
+    }
+}
