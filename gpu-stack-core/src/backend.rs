@@ -573,6 +573,78 @@ pub trait GpuBackend: Send + Sync {
     fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError>;
 }
 
+/// MIG view of one GPU in a [`NodeSnapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigSnapshot {
+    /// Current and pending mode.
+    pub mode: MigMode,
+    /// Profiles the device offers, with placements.
+    pub profiles: Vec<GpuInstanceProfile>,
+    /// Instances present now.
+    pub gpu_instances: Vec<GpuInstance>,
+}
+
+/// One GPU in a [`NodeSnapshot`]: its inventory plus MIG state when capable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSnapshot {
+    /// Inventory.
+    #[serde(flatten)]
+    pub info: GpuInfo,
+    /// MIG view; `None` on GPUs without MIG.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigSnapshot>,
+}
+
+/// Everything a backend says about a node's GPUs, in one serialisable value:
+/// what `gpu-stack gpus -o json` prints. Identical for equal GPUs, whichever
+/// backend reads them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSnapshot {
+    /// Driver-wide facts.
+    pub system: SystemInfo,
+    /// GPUs that answered.
+    pub gpus: Vec<GpuSnapshot>,
+    /// GPUs that did not (inventory or MIG reads failed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<GpuReadError>,
+}
+
+/// Reads a [`NodeSnapshot`]. A GPU whose inventory or MIG state fails is listed
+/// under `errors` and the others are still read.
+pub fn node_snapshot(backend: &dyn GpuBackend) -> Result<NodeSnapshot, BackendError> {
+    let inv = backend.inventory()?;
+    let mut gpus = Vec::with_capacity(inv.gpus.len());
+    let mut errors = inv.errors;
+    for info in inv.gpus {
+        let index = info.index;
+        let mig = match info.mig_mode {
+            None => Ok(None),
+            Some(mode) => backend.gpu_instance_profiles(index).and_then(|profiles| {
+                let gpu_instances = if mode.current {
+                    backend.gpu_instances(index)?
+                } else {
+                    Vec::new()
+                };
+                Ok(Some(MigSnapshot {
+                    mode,
+                    profiles,
+                    gpu_instances,
+                }))
+            }),
+        };
+        match mig {
+            Ok(mig) => gpus.push(GpuSnapshot { info, mig }),
+            Err(error) => errors.push(GpuReadError { index, error }),
+        }
+    }
+    errors.sort_by_key(|e| e.index);
+    Ok(NodeSnapshot {
+        system: inv.system,
+        gpus,
+        errors,
+    })
+}
+
 /// Telemetry profile of a simulated GPU: the centre and spread of its load.
 /// Written in fleet files under a node or a GPU (`telemetry:`); all fields optional.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
