@@ -9,3 +9,4 @@ pub mod cluster;
 pub mod clusterpolicy;
 pub mod desired;
 pub mod operator;
+pub mod kubelet_standin;

@@ -7,3 +7,11 @@ pub mod api {
     #![allow(missing_docs, clippy::all, clippy::pedantic)]
     tonic::include_proto!("v1beta1");
 }
+
+pub mod health;
+pub mod node;
+pub mod plugin;
+pub mod server;
+pub mod transport;
+
+pub use plugin::{DevicePlugins, PluginError, PluginOptions, socket_name};

@@ -1,0 +1,402 @@
+//! Running the device plugins of a node: one gRPC server per resource on
+//! `<kubelet-dir>/nvidia-<name>.sock`, served before registering with the
+//! kubelet; re-registration when the kubelet restarts (its `kubelet.sock` is
+//! created again, or our socket disappeared); health updates pushed to every
+//! `ListAndWatch` stream; clean stop on shutdown.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_stack_core::deviceplugin::allocate::NvlinkMap;
+use gpu_stack_core::deviceplugin::{HealthEvent, HealthPolicy, HealthTracker, Resource, Settings};
+use notify::Watcher;
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+
+use super::api;
+use super::health::HealthProbe;
+use super::server::{PluginService, plugin_options, wire_devices};
+use super::transport::unix_channel;
+
+/// File name of the kubelet's registration socket.
+pub const KUBELET_SOCKET: &str = "kubelet.sock";
+/// Default kubelet device-plugins directory.
+pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// API version sent in `Register`.
+pub const API_VERSION: &str = "v1beta1";
+
+/// Errors running the plugins.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// The socket could not be created.
+    #[error(
+        "cannot listen on {path}: {source}; check that the kubelet device-plugins directory exists and is writable (--kubelet-dir)"
+    )]
+    Bind {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The kubelet directory could not be watched.
+    #[error("cannot watch {path} for kubelet restarts: {message}")]
+    Watch {
+        /// Directory.
+        path: PathBuf,
+        /// Cause.
+        message: String,
+    },
+    /// Registering with the kubelet failed.
+    #[error("registering {resource} with the kubelet at {socket} failed: {message}")]
+    Register {
+        /// Resource name.
+        resource: String,
+        /// Kubelet socket.
+        socket: PathBuf,
+        /// Cause.
+        message: String,
+    },
+    /// No resource to advertise.
+    #[error(
+        "no GPU devices to advertise on this node; check the backend inventory and the MIG strategy"
+    )]
+    NoDevices,
+}
+
+/// Socket file name of a resource: `nvidia-gpu.sock`, `nvidia-mig-1g.5gb.sock`.
+pub fn socket_name(resource: &Resource) -> String {
+    format!("nvidia-{}.sock", resource.short_name())
+}
+
+/// How the plugins run.
+#[derive(Debug, Clone)]
+pub struct PluginOptions {
+    /// Kubelet device-plugins directory.
+    pub kubelet_dir: PathBuf,
+    /// Register with the kubelet (off: serve only).
+    pub register: bool,
+    /// Health policy (ignored Xids, recovery quiet period).
+    pub health: HealthPolicy,
+    /// How often faulted devices are probed and registration is retried.
+    pub probe_interval: Duration,
+}
+
+impl Default for PluginOptions {
+    fn default() -> Self {
+        PluginOptions {
+            kubelet_dir: PathBuf::from(DEFAULT_KUBELET_DIR),
+            register: true,
+            health: HealthPolicy::default(),
+            probe_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+struct Running {
+    stop: watch::Sender<bool>,
+    servers: Vec<(PathBuf, JoinHandle<()>)>,
+}
+
+impl Running {
+    async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for (path, handle) in self.servers {
+            // Streams end on the stop signal, so graceful shutdown is quick; bound it anyway.
+            let abort = handle.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), handle)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// The device plugins of one node.
+pub struct DevicePlugins {
+    resources: Vec<Arc<Resource>>,
+    settings: Arc<Settings>,
+    nvlinks: Arc<NvlinkMap>,
+    options: PluginOptions,
+    probe: Option<Arc<dyn HealthProbe>>,
+    health_tx: mpsc::UnboundedSender<HealthEvent>,
+    health_rx: mpsc::UnboundedReceiver<HealthEvent>,
+}
+
+impl DevicePlugins {
+    /// Plugins for `resources` (from `node_resources`).
+    pub fn new(
+        resources: Vec<Resource>,
+        settings: Settings,
+        nvlinks: NvlinkMap,
+        options: PluginOptions,
+    ) -> DevicePlugins {
+        let (health_tx, health_rx) = mpsc::unbounded_channel();
+        DevicePlugins {
+            resources: resources.into_iter().map(Arc::new).collect(),
+            settings: Arc::new(settings),
+            nvlinks: Arc::new(nvlinks),
+            options,
+            probe: None,
+            health_tx,
+            health_rx,
+        }
+    }
+
+    /// Sets the probe that decides whether a faulted device answers again.
+    pub fn with_probe(mut self, probe: Arc<dyn HealthProbe>) -> DevicePlugins {
+        self.probe = Some(probe);
+        self
+    }
+
+    /// Where health events go (from the backend pump, or tests).
+    pub fn health_sender(&self) -> mpsc::UnboundedSender<HealthEvent> {
+        self.health_tx.clone()
+    }
+
+    /// Serves, registers and keeps the plugins up until `shutdown` completes;
+    /// then stops the servers and removes the sockets.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), PluginError> {
+        if self.resources.is_empty() {
+            return Err(PluginError::NoDevices);
+        }
+        let dir = self.options.kubelet_dir.clone();
+        let (fs_tx, mut fs_rx) = mpsc::unbounded_channel::<notify::Event>();
+        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            if let Ok(ev) = res {
+                let _ = fs_tx.send(ev);
+            }
+        })
+        .map_err(|e| PluginError::Watch {
+            path: dir.clone(),
+            message: e.to_string(),
+        })?;
+        watcher
+            .watch(&dir, notify::RecursiveMode::NonRecursive)
+            .map_err(|e| PluginError::Watch {
+                path: dir.clone(),
+                message: e.to_string(),
+            })?;
+
+        let start = Instant::now();
+        let now_ms = || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let mut tracker = HealthTracker::new(self.options.health.clone());
+        let senders: Vec<watch::Sender<Arc<Vec<api::Device>>>> = self
+            .resources
+            .iter()
+            .map(|r| watch::channel(Arc::new(wire_devices(r, |u, g| tracker.is_healthy(u, g)))).0)
+            .collect();
+        let publish = |tracker: &HealthTracker| {
+            for (r, tx) in self.resources.iter().zip(&senders) {
+                let devices = wire_devices(r, |u, g| tracker.is_healthy(u, g));
+                tx.send_if_modified(|cur| {
+                    if **cur == devices {
+                        false
+                    } else {
+                        *cur = Arc::new(devices);
+                        true
+                    }
+                });
+            }
+        };
+
+        tokio::pin!(shutdown);
+        let kubelet_sock = dir.join(KUBELET_SOCKET);
+        let mut ticker = tokio::time::interval(self.options.probe_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut generation = 0u64;
+        'restart: loop {
+            generation += 1;
+            let running = self.serve_all(&senders)?;
+            let mut kubelet_id = socket_identity(&kubelet_sock);
+            let mut registered = if self.options.register {
+                self.register_all(&kubelet_sock).await
+            } else {
+                true
+            };
+            tracing::info!(generation, registered, "device plugins serving");
+            loop {
+                let recovery_at = tracker.next_recovery_ms();
+                let recovery_sleep = async {
+                    match recovery_at {
+                        Some(at) => {
+                            tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms())))
+                                .await
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                };
+                tokio::select! {
+                    () = &mut shutdown => {
+                        tracing::info!("stopping device plugins");
+                        running.shutdown().await;
+                        return Ok(());
+                    }
+                    Some(ev) = fs_rx.recv() => {
+                        let about_kubelet = ev.paths.iter().any(|p| p.file_name() == Some(KUBELET_SOCKET.as_ref()));
+                        if about_kubelet && self.options.register && kubelet_restarted(&kubelet_sock, kubelet_id) {
+                            tracing::info!("kubelet socket re-created; restarting plugins and re-registering");
+                            running.shutdown().await;
+                            continue 'restart;
+                        }
+                    }
+                    Some(ev) = self.health_rx.recv() => {
+                        if tracker.apply(&ev, now_ms()) {
+                            tracing::warn!(event = ?ev, "device health changed");
+                            publish(&tracker);
+                        }
+                    }
+                    () = recovery_sleep => {
+                        if tracker.tick(now_ms()) {
+                            tracing::info!("device(s) recovered");
+                            publish(&tracker);
+                        }
+                    }
+                    _ = ticker.tick() => {
+                        if let Some(probe) = &self.probe {
+                            let faulted = tracker.uncleared();
+                            let probe = probe.clone();
+                            let all = tracker.all_devices_faulted();
+                            let answered = tokio::task::spawn_blocking(move || {
+                                faulted.into_iter().filter(|u| probe.responds(u)).collect::<Vec<_>>()
+                            }).await.unwrap_or_default();
+                            let mut changed = false;
+                            for uuid in answered {
+                                changed |= tracker.apply(&HealthEvent::Cleared { uuid }, now_ms());
+                            }
+                            if all {
+                                changed |= tracker.apply(&HealthEvent::Cleared { uuid: String::new() }, now_ms());
+                            }
+                            if changed {
+                                publish(&tracker);
+                            }
+                        }
+                        // Safety net for missed file events: the kubelet socket was
+                        // replaced, or ours vanished while the kubelet's is up.
+                        let sockets_gone = running.servers.iter().any(|(p, _)| !p.exists());
+                        let kubelet_up = kubelet_sock.exists();
+                        if self.options.register
+                            && (kubelet_restarted(&kubelet_sock, kubelet_id) || (sockets_gone && kubelet_up))
+                        {
+                            tracing::info!("kubelet restarted or plugin socket removed; restarting plugins");
+                            running.shutdown().await;
+                            continue 'restart;
+                        }
+                        if !registered {
+                            kubelet_id = socket_identity(&kubelet_sock);
+                            registered = self.register_all(&kubelet_sock).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn serve_all(
+        &self,
+        senders: &[watch::Sender<Arc<Vec<api::Device>>>],
+    ) -> Result<Running, PluginError> {
+        let (stop, stop_rx) = watch::channel(false);
+        let mut servers = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (r, tx) in self.resources.iter().zip(senders) {
+            let path = self.options.kubelet_dir.join(socket_name(r));
+            if !seen.insert(path.clone()) {
+                continue;
+            }
+            let _ = std::fs::remove_file(&path);
+            let listener = match UnixListener::bind(&path) {
+                Ok(l) => l,
+                Err(source) => {
+                    let _ = stop.send(true);
+                    return Err(PluginError::Bind { path, source });
+                }
+            };
+            let service = PluginService::new(
+                r.clone(),
+                self.settings.clone(),
+                self.nvlinks.clone(),
+                tx.subscribe(),
+                stop_rx.clone(),
+            );
+            let mut stop_wait = stop_rx.clone();
+            let name = r.name.clone();
+            let handle = tokio::spawn(async move {
+                let res = tonic::transport::Server::builder()
+                    .add_service(api::device_plugin_server::DevicePluginServer::new(service))
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                        let _ = stop_wait.wait_for(|s| *s).await;
+                    })
+                    .await;
+                if let Err(e) = res {
+                    tracing::error!(resource = %name, error = %e, "device plugin server failed");
+                }
+            });
+            servers.push((path, handle));
+        }
+        Ok(Running { stop, servers })
+    }
+
+    /// Registers every resource; logs and returns false on the first failure
+    /// (retried on the next probe tick or kubelet restart).
+    async fn register_all(&self, kubelet_sock: &Path) -> bool {
+        for r in &self.resources {
+            if let Err(e) = register(kubelet_sock, &socket_name(r), &r.name).await {
+                tracing::warn!(error = %e, "registration failed; will retry");
+                return false;
+            }
+            tracing::info!(resource = %r.name, "registered with the kubelet");
+        }
+        true
+    }
+}
+
+/// Device and inode of a file: a re-created `kubelet.sock` has a new identity.
+fn socket_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Whether `kubelet.sock` now exists with another identity than when we registered.
+fn kubelet_restarted(path: &Path, registered_with: Option<(u64, u64)>) -> bool {
+    match socket_identity(path) {
+        Some(now) => Some(now) != registered_with,
+        None => false,
+    }
+}
+
+/// Calls `Registration/Register` on the kubelet socket.
+pub async fn register(
+    kubelet_sock: &Path,
+    endpoint: &str,
+    resource: &str,
+) -> Result<(), PluginError> {
+    let err = |message: String| PluginError::Register {
+        resource: resource.to_string(),
+        socket: kubelet_sock.to_path_buf(),
+        message,
+    };
+    let channel = tokio::time::timeout(Duration::from_secs(5), unix_channel(kubelet_sock))
+        .await
+        .map_err(|_| err("connecting timed out after 5 s".into()))?
+        .map_err(|e| err(format!("cannot connect: {e}")))?;
+    let mut client = api::registration_client::RegistrationClient::new(channel);
+    let request = api::RegisterRequest {
+        version: API_VERSION.to_string(),
+        endpoint: endpoint.to_string(),
+        resource_name: resource.to_string(),
+        options: Some(plugin_options()),
+    };
+    tokio::time::timeout(Duration::from_secs(15), client.register(request))
+        .await
+        .map_err(|_| err("Register timed out after 15 s".into()))?
+        .map_err(|s| err(format!("{}: {}", s.code(), s.message())))?;
+    Ok(())
+}
