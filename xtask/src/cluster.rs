@@ -4,6 +4,7 @@
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -76,6 +77,9 @@ impl Cluster {
         for dir in [l.pki(), l.logs(), l.pids(), l.state.join("etcd-data")] {
             fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         }
+        let data = l.state.join("etcd-data");
+        fs::set_permissions(&data, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("restricting {}", data.display()))?;
         pki::generate(&l.pki())?;
         write_kubeconfig(&l)?;
         let pki = l.pki();
@@ -122,7 +126,7 @@ impl Cluster {
                 format!("--service-account-issuer={}", l.apiserver_url()),
                 format!(
                     "--service-account-key-file={}",
-                    pki.join("sa.key").display()
+                    pki.join("sa.pub").display()
                 ),
                 format!(
                     "--service-account-signing-key-file={}",

@@ -11,7 +11,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 
-/// Writes `ca.crt`, `apiserver.{crt,key}`, `admin.{crt,key}` and `sa.key` into `dir`.
+/// Writes `ca.crt`, `apiserver.{crt,key}`, `admin.{crt,key}` and `sa.{key,pub}` into `dir`.
 pub fn generate(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
 
@@ -58,7 +58,9 @@ pub fn generate(dir: &Path) -> Result<()> {
     write(dir, "admin.crt", &admin_cert.pem())?;
     write(dir, "admin.key", &admin_key.serialize_pem())?;
 
-    write(dir, "sa.key", &KeyPair::generate()?.serialize_pem())?;
+    let sa = KeyPair::generate()?;
+    write(dir, "sa.key", &sa.serialize_pem())?;
+    write(dir, "sa.pub", &sa.public_key_pem())?;
     Ok(())
 }
 
