@@ -10,3 +10,4 @@ pub mod clusterpolicy;
 pub mod desired;
 pub mod operator;
 pub mod kubelet_standin;
+pub mod migmanager;
