@@ -30,6 +30,8 @@ pub struct Snapshot {
     pub openmetrics: Bytes,
     /// Number of GPU series.
     pub series: usize,
+    /// Number of GPUs whose latest sample is in the snapshot.
+    pub gpus: usize,
 }
 
 struct GpuSlot {
@@ -394,10 +396,12 @@ fn composer_loop(shared: Arc<Shared>, rx: mpsc::Receiver<()>) {
 
 fn compose(shared: &Shared) -> Snapshot {
     let mut samples: Vec<EntitySample> = Vec::new();
+    let mut gpus = 0;
     for slot in &shared.slots {
         if let Ok(slot) = slot.lock()
             && let Some(s) = slot.as_ref()
         {
+            gpus += 1;
             samples.extend(s.samples.iter().cloned());
         }
     }
@@ -458,5 +462,6 @@ fn compose(shared: &Shared) -> Snapshot {
         prometheus: Bytes::from(prom),
         openmetrics: Bytes::from(om),
         series,
+        gpus,
     }
 }

@@ -127,9 +127,14 @@ impl StandinKubelet {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(task) = self.task.take() {
-            task.abort();
-            let _ = task.await;
+        if let Some(mut task) = self.task.take() {
+            // Graceful first (connections get GOAWAY), then abort.
+            if tokio::time::timeout(std::time::Duration::from_secs(3), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
         }
         let _ = std::fs::remove_file(&self.path);
     }
