@@ -466,3 +466,92 @@ async fn pods_are_attributed_through_the_kubelet_and_survive_its_restarts() {
     kubelet.stop().await;
     exporter.shutdown();
 }
+
+async fn serve_in_background(
+    exporter: &Exporter,
+) -> (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = exporter::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let router = exporter::router(exporter);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (addr, stop, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_gpu_does_not_block_the_others_or_scrapes() {
+    use gpu_stack_core::backend::{CallClass, Fault, FaultSpec};
+    let sim = backend(false);
+    sim.inject(FaultSpec {
+        gpu: Some(3),
+        at_ms: 0,
+        fault: Fault::SlowCalls {
+            calls: CallClass::Telemetry,
+            delay_ms: 20_000,
+        },
+    })
+    .unwrap();
+    let b: Arc<dyn GpuBackend> = sim;
+    let exporter = exporter::start(b, config(Duration::from_secs(3600))).unwrap();
+    wait_all_gpus(&exporter, 7).await;
+    let (addr, stop, server) = serve_in_background(&exporter).await;
+    let (status, _, body) =
+        tokio::time::timeout(Duration::from_secs(2), http_get(addr, "/metrics", None))
+            .await
+            .expect("a scrape must not wait for the hung GPU");
+    assert_eq!(status, 200);
+    assert_eq!(body.matches("DCGM_FI_DEV_GPU_TEMP{").count(), 7);
+    assert!(!body.contains("gpu=\"3\""));
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+    exporter.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xid_events_show_as_last_xid_and_windowed_counts() {
+    use gpu_stack_core::backend::{Fault, FaultSpec};
+    let sim = backend(false);
+    let b: Arc<dyn GpuBackend> = sim.clone();
+    let exporter = exporter::start(b, config(Duration::from_millis(100))).unwrap();
+    wait_all_gpus(&exporter, 8).await;
+    for _ in 0..2 {
+        sim.inject(FaultSpec {
+            gpu: Some(2),
+            at_ms: 0,
+            fault: Fault::Xid {
+                xid: 48,
+                gpu_instance: None,
+            },
+        })
+        .unwrap();
+    }
+    let text = wait_snapshot(&exporter, "Xid series", |t| {
+        t.contains("window_size_in_ms=\"300000\",xid=\"48\"} 2\n")
+            && t.contains("err_code=\"48\",err_msg=\"Double Bit ECC Error\"} 48\n")
+    })
+    .await;
+    let count_line = text
+        .lines()
+        .find(|l| l.starts_with("DCGM_EXP_XID_ERRORS_COUNT{"))
+        .unwrap();
+    assert!(count_line.contains("gpu=\"2\""), "{count_line}");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("DCGM_EXP_XID_ERRORS_COUNT{"))
+            .count(),
+        1
+    );
+    exporter.shutdown();
+}
