@@ -6,10 +6,12 @@
 //! `1g.10gb=20` asks for twenty `1g.10gb` instances to exist. The planner is
 //! greedy over GPUs in the order given and optimal per GPU:
 //! 1. in-use instances are fixed and count toward demand;
-//! 2. idle instances that match still-unmet demand are kept (no change);
+//! 2. idle instances that match still-unmet demand are reserved for it, so
+//!    GPUs earlier in the list do not take that demand from them;
 //! 3. each GPU in turn gets the layout that serves the most remaining demand
 //!    (counted in compute slices, so one 3g outweighs a 1g), then destroys the
-//!    fewest idle instances. Ties go to the first layout in a
+//!    fewest idle instances; an idle instance moves only when that serves
+//!    more demand. Ties go to the first layout in a
 //!    fixed search order, so the plan is deterministic.
 
 use std::collections::HashMap;
@@ -272,17 +274,23 @@ pub fn plan_fleet(gpus: &[FleetGpu<'_>], demand: &Demand) -> Result<FleetPlan, P
         let gkey = gpu.geometry as *const MigGeometry as usize;
         let prep = &prepared[&gkey];
         let c = &prep.compiled;
+        // In-use instances are fixed; idle ones (reserved or not) may move if
+        // that serves more demand. Reserved ones return their demand here and
+        // take it back if kept.
         let mut fixed: Vec<u16> = Vec::new();
         let mut optional: Vec<u16> = Vec::new();
         for (i, cand) in cands.iter().enumerate() {
-            if used[i] || res[i] {
+            if used[i] {
                 fixed.push(*cand);
             } else {
                 optional.push(*cand);
+                if res[i]
+                    && let Some(d) = demand_of(gpu, *cand)
+                {
+                    remaining[d] += 1;
+                }
             }
         }
-        fixed.sort_unstable();
-        optional.sort_unstable();
         let mut wants = vec![0u8; c.profs.len()];
         for (d, prof) in prep.demand_prof.iter().enumerate() {
             if let Some(p) = prof {
@@ -305,6 +313,13 @@ pub fn plan_fleet(gpus: &[FleetGpu<'_>], demand: &Demand) -> Result<FleetPlan, P
             }
         };
         // Apply.
+        for (i, &o) in optional.iter().enumerate() {
+            if choice.kept & (1u64 << i) != 0
+                && let Some(d) = demand_of(gpu, o)
+            {
+                remaining[d] = remaining[d].saturating_sub(1);
+            }
+        }
         for &n in &choice.new {
             if let Some(d) = demand_of(gpu, n) {
                 remaining[d] = remaining[d].saturating_sub(1);
@@ -422,7 +437,7 @@ fn best_for_gpu(c: &Compiled, fixed: &[u16], optional: &[u16], wants: &[u8]) -> 
         best: None,
         new: Vec::new(),
     };
-    s.optional_dfs(0, &st, 0, 0);
+    s.optional_dfs(0, &st, 0, 0, &[0u8; 32], 0);
     s.best.map(|(_, _, ch)| ch).unwrap_or(Choice {
         kept: (1u64 << optional.len().min(63)) - 1,
         new: Vec::new(),
@@ -434,7 +449,15 @@ impl Search<'_> {
         matches!(&self.best, Some((served, destroyed, _)) if *served == self.total_wants && *destroyed == 0)
     }
 
-    fn optional_dfs(&mut self, i: usize, st: &State, kept: u64, destroyed: u32) {
+    fn optional_dfs(
+        &mut self,
+        i: usize,
+        st: &State,
+        kept: u64,
+        destroyed: u32,
+        added: &[u8; 32],
+        served: u32,
+    ) {
         if self.done() {
             return;
         }
@@ -445,8 +468,7 @@ impl Search<'_> {
             return;
         }
         if i == self.optional.len() {
-            let added = [0u8; 32];
-            self.new_dfs(0, st, &added, 0, kept, destroyed);
+            self.new_dfs(0, st, added, served, kept, destroyed);
             return;
         }
         let cand = self.c.cands[usize::from(self.optional[i])];
@@ -454,9 +476,22 @@ impl Search<'_> {
         // Keep first (cheaper), then destroy.
         if self.c.can_add(st, prof, cand.mask) {
             let next = self.c.add(st, prof, cand.mask);
-            self.optional_dfs(i + 1, &next, kept | (1u64 << i), destroyed);
+            let mut a = *added;
+            let mut gain = 0;
+            if a[prof] < self.wants[prof] {
+                a[prof] += 1;
+                gain = self.c.profs[prof].compute.max(1);
+            }
+            self.optional_dfs(
+                i + 1,
+                &next,
+                kept | (1u64 << i),
+                destroyed,
+                &a,
+                served + gain,
+            );
         }
-        self.optional_dfs(i + 1, st, kept, destroyed + 1);
+        self.optional_dfs(i + 1, st, kept, destroyed + 1, added, served);
     }
 
     fn new_dfs(
