@@ -12,3 +12,4 @@ pub mod operator;
 pub mod fleet;
 pub mod migparted;
 pub mod gfd;
+pub mod cdi;
