@@ -835,3 +835,10 @@ pub fn section_name(c: Component) -> &'static str {
 
 #[cfg(test)]
 mod tests;
+
+/// The ClusterPolicy CRD as YAML, generated from these types (what
+/// `gpu-stack crdgen` prints and `deploy/crds/nvidia.com_clusterpolicies.yaml` holds).
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    serde_yaml::to_string(&ClusterPolicy::crd())
+}
