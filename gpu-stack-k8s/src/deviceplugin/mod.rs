@@ -8,7 +8,9 @@ pub mod api {
     tonic::include_proto!("v1beta1");
 }
 
+pub mod cdi;
 pub mod health;
+pub mod labels;
 pub mod node;
 pub mod plugin;
 pub mod server;
