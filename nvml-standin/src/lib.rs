@@ -1,1 +1,1137 @@
-//! A stand-in libnvidia-ml for tests.
+//! A stand-in libnvidia-ml for tests: a shared library (`libnvml_standin.so`)
+//! exporting the NVML C functions gpu-stack's NVML backend calls, answered by the
+//! simulated GPU backend. Loading it through `--nvml-lib` runs the real NVML code
+//! path (nvml-wrapper's `dlopen`, symbol lookup, struct layouts, return codes)
+//! on a machine without a GPU. Not shipped.
+//!
+//! Which GPUs it simulates comes from the environment, read by `nvmlInit`:
+//! `GPU_STACK_STANDIN_FLEET` (fleet file, required), `GPU_STACK_STANDIN_NODE`
+//! (node name, optional when one node has GPUs) and `GPU_STACK_STANDIN_STATE`
+//! (state file shared with other processes, optional).
+//!
+//! Handles are integers with a kind tag, not pointers: device `1`, MIG device `2`,
+//! GPU instance `3`, compute instance `4`, event set `5` in the top byte, then
+//! GPU, GPU-instance and compute-instance numbers (each +1) below it.
+//!
+//! Safety contract of every exported function: the caller follows NVML's C API
+//! (valid out-pointers, buffer lengths as stated); null pointers are refused
+//! with `NVML_ERROR_INVALID_ARGUMENT`.
+#![allow(clippy::missing_safety_doc, non_upper_case_globals, non_snake_case)]
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use gpu_stack_core::backend::{
+    BackendError, GpuBackend, GpuTelemetry, HealthEventKind, HealthEvents, Reading, SlicePlacement,
+};
+use gpu_stack_core::catalog;
+use gpu_stack_core::mig::MigGeometry;
+use gpu_stack_nvml::sim::ci_profile_enum;
+use gpu_stack_nvml::{SimNodeSpec, SimulatedBackend};
+use nvml_wrapper_sys::bindings::*;
+
+type Ret = nvmlReturn_t;
+
+const KIND_DEVICE: u64 = 1;
+const KIND_MIG: u64 = 2;
+const KIND_GI: u64 = 3;
+const KIND_CI: u64 = 4;
+const KIND_SET: u64 = 5;
+
+/// Environment variable naming the fleet file.
+pub const ENV_FLEET: &str = "GPU_STACK_STANDIN_FLEET";
+/// Environment variable naming the node.
+pub const ENV_NODE: &str = "GPU_STACK_STANDIN_NODE";
+/// Environment variable naming the shared state file.
+pub const ENV_STATE: &str = "GPU_STACK_STANDIN_STATE";
+
+static BACKEND: Mutex<Option<SimulatedBackend>> = Mutex::new(None);
+static SETS: Mutex<Option<HashMap<u64, Box<dyn HealthEvents>>>> = Mutex::new(None);
+static NEXT_SET: AtomicU64 = AtomicU64::new(1);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn handle(kind: u64, gpu: u32, gi: Option<u32>, ci: Option<u32>) -> u64 {
+    (kind << 56)
+        | ((u64::from(gpu) + 1) << 32)
+        | (gi.map_or(0, |g| u64::from(g) + 1) << 16)
+        | ci.map_or(0, |c| u64::from(c) + 1)
+}
+
+struct Decoded {
+    kind: u64,
+    gpu: u32,
+    gi: u32,
+    ci: u32,
+}
+
+fn decode<T>(p: *mut T) -> Decoded {
+    let v = p as usize as u64;
+    Decoded {
+        kind: v >> 56,
+        gpu: ((v >> 32) & 0xff_ffff).wrapping_sub(1) as u32,
+        gi: ((v >> 16) & 0xffff).wrapping_sub(1) as u32,
+        ci: (v & 0xffff).wrapping_sub(1) as u32,
+    }
+}
+
+fn as_ptr<T>(v: u64) -> *mut T {
+    v as usize as *mut T
+}
+
+fn code(e: &BackendError) -> Ret {
+    match e {
+        BackendError::NotFound { .. } => nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
+        BackendError::NotSupported { .. } => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        BackendError::NoPermission { .. } => nvmlReturn_enum_NVML_ERROR_NO_PERMISSION,
+        BackendError::InUse { .. } => nvmlReturn_enum_NVML_ERROR_IN_USE,
+        BackendError::InsufficientResources { .. } => {
+            nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES
+        }
+        BackendError::InvalidArgument { .. } => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+        BackendError::GpuLost { .. } => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
+        BackendError::Timeout { .. } => nvmlReturn_enum_NVML_ERROR_TIMEOUT,
+        BackendError::LibraryUnavailable { .. } => nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
+        BackendError::MissingFunction { .. } => nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND,
+        BackendError::Other { .. } => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+    }
+}
+
+fn backend() -> Result<SimulatedBackend, Ret> {
+    lock(&BACKEND)
+        .clone()
+        .ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)
+}
+
+/// Runs `f` and turns its outcome into an NVML return code.
+fn run(f: impl FnOnce() -> Result<(), Ret>) -> Ret {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => nvmlReturn_enum_NVML_SUCCESS,
+        Ok(Err(c)) => c,
+        Err(_) => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+    }
+}
+
+trait OrCode<T> {
+    fn c(self) -> Result<T, Ret>;
+}
+
+impl<T> OrCode<T> for Result<T, BackendError> {
+    fn c(self) -> Result<T, Ret> {
+        self.map_err(|e| code(&e))
+    }
+}
+
+impl<T: Clone> OrCode<T> for Reading<T> {
+    fn c(self) -> Result<T, Ret> {
+        match self {
+            Reading::Value(v) => Ok(v),
+            Reading::NotSupported => Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+            Reading::Error(_) => Err(nvmlReturn_enum_NVML_ERROR_UNKNOWN),
+        }
+    }
+}
+
+unsafe fn put<T>(p: *mut T, v: T) -> Result<(), Ret> {
+    if p.is_null() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null out-pointer supplied by the caller per the NVML contract.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+unsafe fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> Result<(), Ret> {
+    if buf.is_null() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let bytes = s.as_bytes();
+    if bytes.len() + 1 > len as usize {
+        return Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    // SAFETY: `buf` has room for `len` bytes, checked above.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, bytes.len());
+        *buf.add(bytes.len()) = 0;
+    }
+    Ok(())
+}
+
+fn fill_name(dst: &mut [c_char], s: &str) {
+    let room = dst.len().saturating_sub(1);
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(room)) {
+        *d = b as c_char;
+    }
+}
+
+fn device(dev: nvmlDevice_t) -> Result<u32, Ret> {
+    let d = decode(dev);
+    if d.kind != KIND_DEVICE {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(d.gpu)
+}
+
+fn geometry(b: &SimulatedBackend, gpu: u32) -> Result<&'static MigGeometry, Ret> {
+    let info = b.gpu_info(gpu).c()?;
+    catalog::by_pci_device_id(info.pci_device_id)
+        .and_then(|m| m.mig.as_ref())
+        .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
+}
+
+fn telemetry(gpu: u32) -> Result<GpuTelemetry, Ret> {
+    backend()?.gpu_telemetry(gpu).c()
+}
+
+// ---- init, system ----
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
+    run(|| {
+        let mut guard = lock(&BACKEND);
+        if guard.is_some() {
+            return Ok(());
+        }
+        let fleet = std::env::var_os(ENV_FLEET)
+            .map(PathBuf::from)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED)?;
+        let node = std::env::var(ENV_NODE).ok();
+        let spec = SimNodeSpec::from_fleet_file(&fleet, node.as_deref())
+            .map_err(|_| nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED)?;
+        let b = match std::env::var_os(ENV_STATE) {
+            Some(state) => SimulatedBackend::with_state_file(&spec, &PathBuf::from(state)),
+            None => SimulatedBackend::new(&spec),
+        }
+        .map_err(|_| nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED)?;
+        *guard = Some(b);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
+    // SAFETY: no arguments.
+    unsafe { nvmlInit_v2() }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlShutdown() -> Ret {
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) -> Ret {
+    run(|| unsafe { put_str(buf, len, &backend()?.system_info().c()?.driver_version) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(buf: *mut c_char, len: c_uint) -> Ret {
+    run(|| unsafe { put_str(buf, len, &backend()?.system_info().c()?.nvml_version) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> Ret {
+    run(|| {
+        let s = backend()?.system_info().c()?.cuda_driver_version;
+        let (maj, min) = s.split_once('.').unwrap_or((&s, "0"));
+        let maj: c_int = maj.parse().unwrap_or(0);
+        let min: c_int = min.parse().unwrap_or(0);
+        unsafe { put(v, maj * 1000 + min * 10) }
+    })
+}
+
+// ---- devices ----
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
+    run(|| unsafe { put(count, backend()?.device_count().c()?) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    dev: *mut nvmlDevice_t,
+) -> Ret {
+    run(|| {
+        if index >= backend()?.device_count().c()? {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        unsafe { put(dev, as_ptr(handle(KIND_DEVICE, index, None, None))) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(dev: nvmlDevice_t, index: *mut c_uint) -> Ret {
+    run(|| unsafe { put(index, device(dev)?) })
+}
+
+/// The MIG device UUID of (GPU, GI, CI).
+fn mig_uuid(b: &SimulatedBackend, gpu: u32, gi: u32, ci: u32) -> Result<String, Ret> {
+    b.gpu_instances(gpu)
+        .c()?
+        .into_iter()
+        .find(|g| g.id == gi)
+        .and_then(|g| g.compute_instances.into_iter().find(|c| c.id == ci))
+        .map(|c| c.uuid)
+        .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_FOUND)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    dev: nvmlDevice_t,
+    buf: *mut c_char,
+    len: c_uint,
+) -> Ret {
+    run(|| {
+        let b = backend()?;
+        let d = decode(dev);
+        let uuid = match d.kind {
+            KIND_DEVICE => b.gpu_info(d.gpu).c()?.uuid,
+            KIND_MIG => mig_uuid(&b, d.gpu, d.gi, d.ci)?,
+            _ => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        };
+        unsafe { put_str(buf, len, &uuid) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    dev: nvmlDevice_t,
+    buf: *mut c_char,
+    len: c_uint,
+) -> Ret {
+    run(|| unsafe { put_str(buf, len, &backend()?.gpu_info(device(dev)?).c()?.name) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    dev: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> Ret {
+    run(|| {
+        let info = backend()?.gpu_info(device(dev)?).c()?;
+        // SAFETY: all-zero is a valid value of this plain C struct.
+        let mut p: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
+        let mut parts = info.pci_bus_id.split([':', '.']);
+        let domain = parts.next().and_then(|s| u32::from_str_radix(s, 16).ok());
+        let bus = parts.next().and_then(|s| u32::from_str_radix(s, 16).ok());
+        let dev_no = parts.next().and_then(|s| u32::from_str_radix(s, 16).ok());
+        p.domain = domain.unwrap_or(0);
+        p.bus = bus.unwrap_or(0);
+        p.device = dev_no.unwrap_or(0);
+        p.pciDeviceId = info.pci_device_id;
+        p.pciSubSystemId = 0x1451_10DE;
+        fill_name(&mut p.busId, &info.pci_bus_id);
+        let legacy = info.pci_bus_id.get(4..).unwrap_or(&info.pci_bus_id);
+        fill_name(&mut p.busIdLegacy, legacy);
+        unsafe { put(pci, p) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(dev: nvmlDevice_t, minor: *mut c_uint) -> Ret {
+    run(|| unsafe { put(minor, backend()?.gpu_info(device(dev)?).c()?.minor_number) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(dev: nvmlDevice_t, node: *mut c_uint) -> Ret {
+    run(|| {
+        let n = backend()?
+            .gpu_info(device(dev)?)
+            .c()?
+            .numa_node
+            .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
+        unsafe { put(node, n) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
+    dev: nvmlDevice_t,
+    arch: *mut nvmlDeviceArchitecture_t,
+) -> Ret {
+    run(|| {
+        let a = match backend()?.gpu_info(device(dev)?).c()?.architecture.as_str() {
+            "volta" => NVML_DEVICE_ARCH_VOLTA,
+            "turing" => NVML_DEVICE_ARCH_TURING,
+            "ampere" => NVML_DEVICE_ARCH_AMPERE,
+            "ada-lovelace" => NVML_DEVICE_ARCH_ADA,
+            "hopper" => NVML_DEVICE_ARCH_HOPPER,
+            "blackwell" => NVML_DEVICE_ARCH_BLACKWELL,
+            _ => NVML_DEVICE_ARCH_UNKNOWN,
+        };
+        unsafe { put(arch, a) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    dev: nvmlDevice_t,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> Ret {
+    run(|| {
+        let (a, b) = backend()?.gpu_info(device(dev)?).c()?.compute_capability;
+        unsafe {
+            put(major, a as c_int)?;
+            put(minor, b as c_int)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    dev: nvmlDevice_t,
+    mem: *mut nvmlMemory_v2_t,
+) -> Ret {
+    run(|| {
+        let d = decode(dev);
+        let fb = match d.kind {
+            KIND_DEVICE => telemetry(d.gpu)?.fb_memory.c()?,
+            KIND_MIG => backend()?
+                .mig_telemetry(d.gpu)
+                .c()?
+                .into_iter()
+                .find(|t| t.gpu_instance_id == d.gi)
+                .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_FOUND)?
+                .fb_memory
+                .c()?,
+            _ => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        };
+        if mem.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null out-struct; the caller set `version`, which is kept.
+        unsafe {
+            (*mem).total = fb.total;
+            (*mem).reserved = fb.reserved;
+            (*mem).free = fb.free;
+            (*mem).used = fb.used;
+        }
+        Ok(())
+    })
+}
+
+// ---- telemetry ----
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    dev: nvmlDevice_t,
+    ty: nvmlClockType_t,
+    mhz: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let t = telemetry(device(dev)?)?;
+        let v = match ty {
+            nvmlClockType_enum_NVML_CLOCK_SM | nvmlClockType_enum_NVML_CLOCK_GRAPHICS => {
+                t.sm_clock_mhz.c()?
+            }
+            nvmlClockType_enum_NVML_CLOCK_MEM => t.mem_clock_mhz.c()?,
+            _ => return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+        };
+        unsafe { put(mhz, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    dev: nvmlDevice_t,
+    sensor: nvmlTemperatureSensors_t,
+    temp: *mut c_uint,
+) -> Ret {
+    run(|| {
+        if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        unsafe { put(temp, telemetry(device(dev)?)?.gpu_temp_c.c()?) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(dev: nvmlDevice_t, mw: *mut c_uint) -> Ret {
+    run(|| unsafe { put(mw, telemetry(device(dev)?)?.power_usage_mw.c()?) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
+    dev: nvmlDevice_t,
+    mj: *mut c_ulonglong,
+) -> Ret {
+    run(|| unsafe { put(mj, telemetry(device(dev)?)?.total_energy_mj.c()?) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(dev: nvmlDevice_t, v: *mut c_uint) -> Ret {
+    run(|| {
+        let n = telemetry(device(dev)?)?.pcie_replay_count.c()?;
+        unsafe { put(v, n.min(u64::from(u32::MAX)) as c_uint) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    dev: nvmlDevice_t,
+    u: *mut nvmlUtilization_t,
+) -> Ret {
+    run(|| {
+        let t = telemetry(device(dev)?)?;
+        let v = nvmlUtilization_t {
+            gpu: t.gpu_util_pct.c()?,
+            memory: t.mem_copy_util_pct.c()?,
+        };
+        unsafe { put(u, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
+    dev: nvmlDevice_t,
+    u: *mut c_uint,
+    period_us: *mut c_uint,
+) -> Ret {
+    run(|| unsafe {
+        put(u, telemetry(device(dev)?)?.enc_util_pct.c()?)?;
+        put(period_us, 1_000_000)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
+    dev: nvmlDevice_t,
+    u: *mut c_uint,
+    period_us: *mut c_uint,
+) -> Ret {
+    run(|| unsafe {
+        put(u, telemetry(device(dev)?)?.dec_util_pct.c()?)?;
+        put(period_us, 1_000_000)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
+    dev: nvmlDevice_t,
+    counter: nvmlPcieUtilCounter_t,
+    v: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let t = telemetry(device(dev)?)?;
+        let x = match counter {
+            nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_TX_BYTES => t.pcie_tx_kib_per_s.c()?,
+            nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_RX_BYTES => t.pcie_rx_kib_per_s.c()?,
+            _ => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        };
+        unsafe { put(v, x) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+    dev: nvmlDevice_t,
+    corr: *mut c_uint,
+    unc: *mut c_uint,
+    pending: *mut c_uint,
+    failed: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let r = telemetry(device(dev)?)?.remapped_rows.c()?;
+        unsafe {
+            put(corr, r.correctable)?;
+            put(unc, r.uncorrectable)?;
+            put(pending, c_uint::from(r.pending))?;
+            put(failed, c_uint::from(r.failed))
+        }
+    })
+}
+
+/// Field ids answered: HBM temperature and NVLink data throughput.
+const FI_MEMORY_TEMP: u32 = 82;
+const FI_NVLINK_TX: u32 = 138;
+const FI_NVLINK_RX: u32 = 139;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    dev: nvmlDevice_t,
+    count: c_int,
+    values: *mut nvmlFieldValue_t,
+) -> Ret {
+    run(|| {
+        if values.is_null() || count < 0 {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let t = telemetry(device(dev)?)?;
+        // SAFETY: the caller passes `count` field-value structs.
+        let vals = unsafe { std::slice::from_raw_parts_mut(values, count as usize) };
+        for v in vals {
+            let r: Result<u64, Ret> = match v.fieldId {
+                FI_MEMORY_TEMP => t.memory_temp_c.clone().c().map(u64::from),
+                // NVLink data moved, split evenly between the two directions.
+                FI_NVLINK_TX => t.nvlink_total_kib.clone().c().map(|k| k / 2),
+                FI_NVLINK_RX => t.nvlink_total_kib.clone().c().map(|k| k - k / 2),
+                _ => Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+            };
+            match r {
+                Ok(x) => {
+                    v.nvmlReturn = nvmlReturn_enum_NVML_SUCCESS;
+                    v.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+                    v.value.ullVal = x;
+                }
+                Err(c) => v.nvmlReturn = c,
+            }
+        }
+        Ok(())
+    })
+}
+
+// ---- MIG ----
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    dev: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let m = backend()?.mig_mode(device(dev)?).c()?;
+        unsafe {
+            put(current, c_uint::from(m.current))?;
+            put(pending, c_uint::from(m.pending))
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetMigMode(
+    dev: nvmlDevice_t,
+    mode: c_uint,
+    status: *mut Ret,
+) -> Ret {
+    run(|| {
+        backend()?.set_mig_mode(device(dev)?, mode == 1).c()?;
+        unsafe { put(status, nvmlReturn_enum_NVML_SUCCESS) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
+    dev: nvmlDevice_t,
+    profile: c_uint,
+    info: *mut nvmlGpuInstanceProfileInfo_v2_t,
+) -> Ret {
+    run(|| {
+        let gpu = device(dev)?;
+        let b = backend()?;
+        let geo = geometry(&b, gpu)?;
+        let gp = geo
+            .gi_profiles
+            .iter()
+            .find(|p| p.nvml_profile_enum == profile)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
+        let p = b
+            .gpu_instance_profiles(gpu)
+            .c()?
+            .into_iter()
+            .find(|p| p.id == gp.id)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
+        if info.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null out-struct; `version` set by the caller is kept.
+        unsafe {
+            let i = &mut *info;
+            i.id = p.id;
+            i.isP2pSupported = 0;
+            i.sliceCount = p.slice_count;
+            i.instanceCount = p.instance_count;
+            i.multiprocessorCount = p.multiprocessor_count;
+            i.copyEngineCount = p.slice_count;
+            i.decoderCount = gp.media.decoders;
+            i.encoderCount = gp.media.encoders;
+            i.jpegCount = gp.media.jpeg;
+            i.ofaCount = gp.media.ofa;
+            i.memorySizeMB = p.memory_mib;
+            i.name = [0; 96];
+            fill_name(&mut i.name, &format!("MIG {}", p.name));
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    dev: nvmlDevice_t,
+    profile_id: c_uint,
+    placements: *mut nvmlGpuInstancePlacement_t,
+    count: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let gpu = device(dev)?;
+        let p = backend()?
+            .gpu_instance_profiles(gpu)
+            .c()?
+            .into_iter()
+            .find(|p| p.id == profile_id)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+        if count.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let n = p.placements.len() as c_uint;
+        // SAFETY: `count` is non-null; when `placements` is non-null it holds
+        // `*count` entries (NVML contract).
+        unsafe {
+            if placements.is_null() {
+                *count = n;
+                return Ok(());
+            }
+            if *count < n {
+                *count = n;
+                return Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+            }
+            for (i, pl) in p.placements.iter().enumerate() {
+                *placements.add(i) = nvmlGpuInstancePlacement_t {
+                    start: pl.start,
+                    size: pl.size,
+                };
+            }
+            *count = n;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
+    dev: nvmlDevice_t,
+    profile_id: c_uint,
+    out: *mut nvmlGpuInstance_t,
+    count: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let gpu = device(dev)?;
+        let gis: Vec<u32> = backend()?
+            .gpu_instances(gpu)
+            .c()?
+            .into_iter()
+            .filter(|g| g.profile_id == profile_id)
+            .map(|g| g.id)
+            .collect();
+        if out.is_null() || count.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: the caller's buffer holds the profile's instance count, which is
+        // at least the number of instances of that profile.
+        unsafe {
+            for (i, id) in gis.iter().enumerate() {
+                *out.add(i) = as_ptr(handle(KIND_GI, gpu, Some(*id), None));
+            }
+            *count = gis.len() as c_uint;
+        }
+        Ok(())
+    })
+}
+
+fn gi_of(gi: nvmlGpuInstance_t) -> Result<(u32, u32), Ret> {
+    let d = decode(gi);
+    if d.kind != KIND_GI {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok((d.gpu, d.gi))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
+    dev: nvmlDevice_t,
+    profile_id: c_uint,
+    placement: *const nvmlGpuInstancePlacement_t,
+    gi: *mut nvmlGpuInstance_t,
+) -> Ret {
+    run(|| {
+        let gpu = device(dev)?;
+        if placement.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null in-struct.
+        let pl = unsafe { *placement };
+        let created = backend()?
+            .create_gpu_instance(
+                gpu,
+                profile_id,
+                SlicePlacement {
+                    start: pl.start,
+                    size: pl.size,
+                },
+            )
+            .c()?;
+        unsafe { put(gi, as_ptr(handle(KIND_GI, gpu, Some(created.id), None))) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
+    dev: nvmlDevice_t,
+    id: c_uint,
+    gi: *mut nvmlGpuInstance_t,
+) -> Ret {
+    run(|| {
+        let gpu = device(dev)?;
+        if !backend()?
+            .gpu_instances(gpu)
+            .c()?
+            .iter()
+            .any(|g| g.id == id)
+        {
+            return Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+        }
+        unsafe { put(gi, as_ptr(handle(KIND_GI, gpu, Some(id), None))) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
+    gi: nvmlGpuInstance_t,
+    info: *mut nvmlGpuInstanceInfo_t,
+) -> Ret {
+    run(|| {
+        let (gpu, id) = gi_of(gi)?;
+        let g = backend()?
+            .gpu_instances(gpu)
+            .c()?
+            .into_iter()
+            .find(|g| g.id == id)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+        let v = nvmlGpuInstanceInfo_t {
+            device: as_ptr(handle(KIND_DEVICE, gpu, None, None)),
+            id,
+            profileId: g.profile_id,
+            placement: nvmlGpuInstancePlacement_t {
+                start: g.placement.start,
+                size: g.placement.size,
+            },
+        };
+        unsafe { put(info, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gi: nvmlGpuInstance_t) -> Ret {
+    run(|| {
+        let (gpu, id) = gi_of(gi)?;
+        backend()?.destroy_gpu_instance(gpu, id).c()
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+    gi: nvmlGpuInstance_t,
+    profile: c_uint,
+    _eng_profile: c_uint,
+    info: *mut nvmlComputeInstanceProfileInfo_v2_t,
+) -> Ret {
+    run(|| {
+        let (gpu, id) = gi_of(gi)?;
+        let b = backend()?;
+        let geo = geometry(&b, gpu)?;
+        let g = b
+            .gpu_instances(gpu)
+            .c()?
+            .into_iter()
+            .find(|g| g.id == id)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+        let gp = geo
+            .by_id(g.profile_id)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_UNKNOWN)?;
+        let cp = gp
+            .ci_profiles
+            .iter()
+            .find(|c| c.nvml_profile_enum == profile)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
+        if info.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null out-struct; `version` set by the caller is kept.
+        unsafe {
+            let i = &mut *info;
+            i.id = profile;
+            i.sliceCount = cp.compute_slices;
+            i.instanceCount = cp.max_instances;
+            i.multiprocessorCount = gp.multiprocessors.unwrap_or(gp.compute_slices * 16)
+                / gp.compute_slices.max(1)
+                * cp.compute_slices;
+            i.name = [0; 96];
+            fill_name(&mut i.name, &format!("MIG {}", cp.name));
+        }
+        Ok(())
+    })
+}
+
+/// Slice count of compute-instance profile id `profile` (the enum value).
+fn ci_slices(profile: u32) -> Result<u32, Ret> {
+    (1..=8)
+        .find(|&c| ci_profile_enum(c) == profile)
+        .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
+    gi: nvmlGpuInstance_t,
+    profile_id: c_uint,
+    out: *mut nvmlComputeInstance_t,
+    count: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let (gpu, id) = gi_of(gi)?;
+        let slices = ci_slices(profile_id)?;
+        let g = backend()?
+            .gpu_instances(gpu)
+            .c()?
+            .into_iter()
+            .find(|g| g.id == id)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+        let cis: Vec<u32> = g
+            .compute_instances
+            .iter()
+            .filter(|c| c.slice_count == slices)
+            .map(|c| c.id)
+            .collect();
+        if out.is_null() || count.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: the caller's buffer holds the profile's instance count.
+        unsafe {
+            for (i, ci) in cis.iter().enumerate() {
+                *out.add(i) = as_ptr(handle(KIND_CI, gpu, Some(id), Some(*ci)));
+            }
+            *count = cis.len() as c_uint;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
+    gi: nvmlGpuInstance_t,
+    profile_id: c_uint,
+    ci: *mut nvmlComputeInstance_t,
+) -> Ret {
+    run(|| {
+        let (gpu, id) = gi_of(gi)?;
+        let c = backend()?
+            .create_compute_instance(gpu, id, ci_slices(profile_id)?)
+            .c()?;
+        unsafe { put(ci, as_ptr(handle(KIND_CI, gpu, Some(id), Some(c.id)))) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
+    gi: nvmlGpuInstance_t,
+    id: c_uint,
+    ci: *mut nvmlComputeInstance_t,
+) -> Ret {
+    run(|| {
+        let (gpu, gid) = gi_of(gi)?;
+        let exists = backend()?
+            .gpu_instances(gpu)
+            .c()?
+            .into_iter()
+            .find(|g| g.id == gid)
+            .is_some_and(|g| g.compute_instances.iter().any(|c| c.id == id));
+        if !exists {
+            return Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+        }
+        unsafe { put(ci, as_ptr(handle(KIND_CI, gpu, Some(gid), Some(id)))) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
+    ci: nvmlComputeInstance_t,
+    info: *mut nvmlComputeInstanceInfo_t,
+) -> Ret {
+    run(|| {
+        let d = decode(ci);
+        if d.kind != KIND_CI {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let c = backend()?
+            .gpu_instances(d.gpu)
+            .c()?
+            .into_iter()
+            .find(|g| g.id == d.gi)
+            .and_then(|g| g.compute_instances.into_iter().find(|c| c.id == d.ci))
+            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+        let v = nvmlComputeInstanceInfo_t {
+            device: as_ptr(handle(KIND_DEVICE, d.gpu, None, None)),
+            gpuInstance: as_ptr(handle(KIND_GI, d.gpu, Some(d.gi), None)),
+            id: c.id,
+            profileId: c.profile_id,
+            placement: nvmlComputeInstancePlacement_t {
+                start: c.placement.start,
+                size: c.placement.size,
+            },
+        };
+        unsafe { put(info, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlComputeInstanceDestroy(ci: nvmlComputeInstance_t) -> Ret {
+    run(|| {
+        let d = decode(ci);
+        if d.kind != KIND_CI {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        backend()?.destroy_compute_instance(d.gpu, d.gi, d.ci).c()
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+) -> Ret {
+    run(|| {
+        let gpu = device(dev)?;
+        let geo = geometry(&backend()?, gpu)?;
+        unsafe { put(count, geo.max_instances.max(geo.compute_slices)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    dev: nvmlDevice_t,
+    index: c_uint,
+    mig: *mut nvmlDevice_t,
+) -> Ret {
+    run(|| {
+        let gpu = device(dev)?;
+        let all: Vec<(u32, u32)> = backend()?
+            .gpu_instances(gpu)
+            .c()?
+            .into_iter()
+            .flat_map(|g| {
+                let gid = g.id;
+                g.compute_instances.into_iter().map(move |c| (gid, c.id))
+            })
+            .collect();
+        let (gi, ci) = *all
+            .get(index as usize)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_FOUND)?;
+        unsafe { put(mig, as_ptr(handle(KIND_MIG, gpu, Some(gi), Some(ci)))) }
+    })
+}
+
+fn mig_of(dev: nvmlDevice_t) -> Result<Decoded, Ret> {
+    let d = decode(dev);
+    if d.kind != KIND_MIG {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(d)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(dev: nvmlDevice_t, id: *mut c_uint) -> Ret {
+    run(|| unsafe { put(id, mig_of(dev)?.gi) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(dev: nvmlDevice_t, id: *mut c_uint) -> Ret {
+    run(|| unsafe { put(id, mig_of(dev)?.ci) })
+}
+
+// ---- events ----
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> Ret {
+    run(|| {
+        let sub = backend()?.health_events().c()?;
+        let id = NEXT_SET.fetch_add(1, Ordering::SeqCst);
+        lock(&SETS).get_or_insert_with(HashMap::new).insert(id, sub);
+        unsafe { put(set, as_ptr(handle(KIND_SET, 0, None, None) | id)) }
+    })
+}
+
+fn set_id(set: nvmlEventSet_t) -> Result<u64, Ret> {
+    let v = set as usize as u64;
+    if v >> 56 != KIND_SET {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(v & 0xffff_ffff)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    dev: nvmlDevice_t,
+    types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> Ret {
+    run(|| {
+        device(dev)?;
+        set_id(set)?;
+        if types & u64::from(nvmlEventTypeXidCriticalError) == 0 {
+            return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> Ret {
+    run(|| {
+        let id = set_id(set)?;
+        // Take the subscription out so other sets are not blocked while waiting.
+        let mut sub = lock(&SETS)
+            .as_mut()
+            .and_then(|m| m.remove(&id))
+            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+        let deadline = std::time::Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+        let result = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match sub.wait(left) {
+                Ok(Some(e)) => match e.kind {
+                    HealthEventKind::Xid { xid } => break Ok(Some((e, xid))),
+                    // NVML has no GPU-lost event; callers learn it from Xid 79.
+                    HealthEventKind::GpuLost => continue,
+                },
+                Ok(None) => break Ok(None),
+                Err(e) => break Err(code(&e)),
+            }
+        };
+        if let Some(m) = lock(&SETS).as_mut() {
+            m.insert(id, sub);
+        }
+        match result? {
+            None => Err(nvmlReturn_enum_NVML_ERROR_TIMEOUT),
+            Some((e, xid)) => {
+                let v = nvmlEventData_t {
+                    device: as_ptr(handle(KIND_DEVICE, e.gpu, None, None)),
+                    eventType: u64::from(nvmlEventTypeXidCriticalError),
+                    eventData: xid,
+                    gpuInstanceId: e.gpu_instance_id.unwrap_or(u32::MAX),
+                    computeInstanceId: e.compute_instance_id.unwrap_or(u32::MAX),
+                };
+                unsafe { put(data, v) }
+            }
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
+    run(|| {
+        let id = set_id(set)?;
+        if let Some(m) = lock(&SETS).as_mut() {
+            m.remove(&id);
+        }
+        Ok(())
+    })
+}

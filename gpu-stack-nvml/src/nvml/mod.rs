@@ -380,6 +380,8 @@ impl GpuBackend for NvmlBackend {
 
     fn gpu_instance_profiles(&self, gpu: u32) -> Result<Vec<GpuInstanceProfile>, BackendError> {
         let dev = self.device(gpu)?;
+        // A GPU without MIG answers "not supported", not an empty list.
+        dev.mig_mode().map_err(|e| map_err(e, gpu, "MIG profiles"))?;
         let h = Self::handle(&dev);
         self.profiles(gpu, &dev)?
             .into_iter()
@@ -398,7 +400,11 @@ impl GpuBackend for NvmlBackend {
                     placements,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, BackendError>>()
+            .map(|mut v| {
+                crate::sim::sort_profiles(&mut v);
+                v
+            })
     }
 
     fn gpu_instances(&self, gpu: u32) -> Result<Vec<GpuInstance>, BackendError> {

@@ -837,7 +837,11 @@ impl GpuBackend for SimulatedBackend {
                         })
                         .collect(),
                 })
-                .collect())
+                .collect::<Vec<_>>())
+        })
+        .map(|mut v| {
+            sort_profiles(&mut v);
+            v
         })
     }
 
@@ -880,6 +884,24 @@ impl GpuBackend for SimulatedBackend {
                     detail: format!(
                         "{} occupies {} memory slices, not {}",
                         p.name, p.memory_slices, placement.size
+                    ),
+                });
+            }
+            if !p
+                .placements
+                .iter()
+                .any(|pl| pl.start == placement.start && pl.size == placement.size)
+            {
+                return Err(BackendError::InvalidArgument {
+                    gpu,
+                    detail: format!(
+                        "{} cannot be placed at {placement} (possible placements: {})",
+                        p.name,
+                        p.placements
+                            .iter()
+                            .map(|pl| format!("{}:{}", pl.start, pl.size))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 });
             }
@@ -1104,6 +1126,12 @@ impl GpuBackend for SimulatedBackend {
             next,
         }))
     }
+}
+
+/// Canonical order of GPU-instance profiles, the same for every backend: by
+/// compute slices, then memory, then hardware id.
+pub fn sort_profiles(v: &mut [GpuInstanceProfile]) {
+    v.sort_by_key(|p| (p.slice_count, p.memory_mib, p.id));
 }
 
 /// CUDA driver API version shipped with a driver branch.

@@ -1,0 +1,443 @@
+//! The backend contract: one suite, run against the simulated backend directly
+//! and against the NVML backend loaded (through nvml-wrapper's real `dlopen`
+//! path) from the `nvml-standin` library, which answers from a simulated node
+//! built from the same fleet file. Both must pass identically.
+//!
+//! The stand-in is built by this test with `cargo build -p nvml-standin` into the
+//! same target directory, then loaded with `--nvml-lib`-style path override.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_stack_core::backend::{
+    BackendError, Fault, FaultSpec, GpuBackend, HealthEvent, HealthEventKind, HealthEvents,
+    MigModeChange, Reading, SlicePlacement, node_snapshot,
+};
+use gpu_stack_nvml::{NvmlBackend, SimNodeSpec, SimulatedBackend};
+
+const FLEET: &str = r#"
+nodes:
+  - name: contract-0
+    telemetry: { seed: 42, utilization-pct: 50, jitter-pct: 20, memory-used-pct: 30 }
+    gpus:
+      - model: A100-SXM4-40GB
+      - model: A100-SXM4-40GB
+        mig:
+          enabled: true
+          instances: ["3g.20gb@4", "1g.5gb@0"]
+      - model: H100-SXM5-80GB
+        mig: { enabled: true }
+      - model: L4
+"#;
+
+struct Harness {
+    label: &'static str,
+    backend: Arc<dyn GpuBackend>,
+    /// Injects faults into the simulated node behind the backend.
+    injector: SimulatedBackend,
+}
+
+fn kind<T: std::fmt::Debug>(label: &str, r: Result<T, BackendError>) -> &'static str {
+    match r {
+        Ok(v) => panic!("{label}: expected an error, got {v:?}"),
+        Err(e) => e.kind(),
+    }
+}
+
+fn next_event(label: &str, events: &mut Box<dyn HealthEvents>) -> HealthEvent {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(e) = events.wait(Duration::from_millis(200)).unwrap() {
+            return e;
+        }
+    }
+    panic!("{label}: no health event within 10 s");
+}
+
+fn in_range<T: PartialOrd + std::fmt::Debug>(
+    label: &str,
+    what: &str,
+    r: &Reading<T>,
+    lo: T,
+    hi: T,
+) {
+    match r {
+        Reading::Value(v) => assert!(
+            *v >= lo && *v <= hi,
+            "{label}: {what} = {v:?} outside [{lo:?}, {hi:?}]"
+        ),
+        Reading::NotSupported => {}
+        Reading::Error(e) => panic!("{label}: {what} failed: {e}"),
+    }
+}
+
+fn contract(h: &Harness) {
+    let l = h.label;
+    let b = h.backend.as_ref();
+
+    // Inventory.
+    let sys = b.system_info().unwrap();
+    assert_eq!(sys.driver_version, "570.133.20", "{l}");
+    assert_eq!(sys.cuda_driver_version, "12.8", "{l}");
+    let inv = b.inventory().unwrap();
+    assert!(inv.errors.is_empty(), "{l}: {:?}", inv.errors);
+    let names: Vec<_> = inv.gpus.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "NVIDIA A100-SXM4-40GB",
+            "NVIDIA A100-SXM4-40GB",
+            "NVIDIA H100 80GB HBM3",
+            "NVIDIA L4"
+        ],
+        "{l}"
+    );
+    for (i, g) in inv.gpus.iter().enumerate() {
+        assert_eq!(g.index, i as u32, "{l}");
+        assert_eq!(g.minor_number, i as u32, "{l}");
+        assert!(
+            g.uuid.starts_with("GPU-") && g.uuid.len() == 40,
+            "{l}: {}",
+            g.uuid
+        );
+        assert!(g.pci_bus_id.starts_with("00000000:"), "{l}");
+    }
+    assert_eq!(inv.gpus[0].pci_device_id, 0x20B010DE, "{l}");
+    assert_eq!(inv.gpus[0].architecture, "ampere", "{l}");
+    assert_eq!(inv.gpus[2].architecture, "hopper", "{l}");
+    assert_eq!(inv.gpus[2].compute_capability, (9, 0), "{l}");
+    assert!(
+        !inv.gpus[3].mig_capable && inv.gpus[3].mig_mode.is_none(),
+        "{l}"
+    );
+    assert!(inv.gpus[1].mig_mode.unwrap().current, "{l}");
+    assert!(!inv.gpus[0].mig_mode.unwrap().current, "{l}");
+
+    // Profiles as the device reports them.
+    let profiles = b.gpu_instance_profiles(0).unwrap();
+    let p3 = profiles.iter().find(|p| p.name == "3g.20gb").unwrap();
+    assert_eq!(p3.id, 9, "{l}");
+    assert_eq!(p3.instance_count, 2, "{l}");
+    assert_eq!(
+        p3.placements,
+        [
+            SlicePlacement { start: 0, size: 4 },
+            SlicePlacement { start: 4, size: 4 }
+        ],
+        "{l}"
+    );
+    let p1 = profiles.iter().find(|p| p.name == "1g.5gb").unwrap();
+    assert_eq!((p1.id, p1.placements.len()), (19, 7), "{l}");
+    assert_eq!(kind(l, b.gpu_instance_profiles(3)), "not_supported", "{l}");
+
+    // MIG state from the fleet file.
+    let gis = b.gpu_instances(1).unwrap();
+    assert_eq!(gis.len(), 2, "{l}");
+    assert_eq!(gis[0].profile_name, "3g.20gb", "{l}");
+    assert_eq!(
+        gis[0].placement,
+        SlicePlacement { start: 4, size: 4 },
+        "{l}"
+    );
+    assert_eq!(gis[1].profile_name, "1g.5gb", "{l}");
+    for gi in &gis {
+        assert_eq!(gi.compute_instances.len(), 1, "{l}");
+        assert!(gi.compute_instances[0].uuid.starts_with("MIG-"), "{l}");
+    }
+
+    // Create / list / destroy round trip on the empty H100.
+    let gi = b
+        .create_gpu_instance(2, 9, SlicePlacement { start: 4, size: 4 })
+        .unwrap();
+    assert_eq!(gi.profile_name, "3g.40gb", "{l}");
+    let ci = b.create_compute_instance(2, gi.id, 3).unwrap();
+    assert_eq!(ci.slice_count, 3, "{l}");
+    assert!(ci.uuid.starts_with("MIG-"), "{l}: {}", ci.uuid);
+    let small: Vec<_> = (0..2)
+        .map(|start| {
+            let g = b
+                .create_gpu_instance(2, 19, SlicePlacement { start, size: 1 })
+                .unwrap();
+            b.create_compute_instance(2, g.id, 1).unwrap();
+            g.id
+        })
+        .collect();
+    let listed = b.gpu_instances(2).unwrap();
+    assert_eq!(listed.len(), 3, "{l}");
+    let found = listed.iter().find(|g| g.id == gi.id).unwrap();
+    assert_eq!(found.compute_instances, vec![ci.clone()], "{l}");
+
+    // Errors typed like NVML's.
+    assert_eq!(
+        kind(
+            l,
+            b.create_gpu_instance(2, 5, SlicePlacement { start: 0, size: 4 })
+        ),
+        "insufficient_resources",
+        "{l}: 4g@0 overlaps 1g@0"
+    );
+    assert_eq!(
+        kind(
+            l,
+            b.create_gpu_instance(2, 9, SlicePlacement { start: 4, size: 4 })
+        ),
+        "insufficient_resources",
+        "{l}: same place twice"
+    );
+    assert_eq!(
+        kind(
+            l,
+            b.create_gpu_instance(2, 14, SlicePlacement { start: 1, size: 2 })
+        ),
+        "invalid_argument",
+        "{l}: 2g cannot start at 1"
+    );
+    assert_eq!(
+        kind(
+            l,
+            b.create_gpu_instance(2, 99, SlicePlacement { start: 0, size: 1 })
+        ),
+        "invalid_argument",
+        "{l}: unknown profile"
+    );
+    assert_eq!(
+        kind(
+            l,
+            b.create_gpu_instance(0, 19, SlicePlacement { start: 0, size: 1 })
+        ),
+        "not_supported",
+        "{l}: MIG off"
+    );
+    assert_eq!(
+        kind(l, b.create_compute_instance(2, gi.id, 5)),
+        "invalid_argument",
+        "{l}"
+    );
+    assert_eq!(
+        kind(l, b.create_compute_instance(2, small[0], 1)),
+        "insufficient_resources",
+        "{l}: 1g instance already has its compute instance"
+    );
+    assert_eq!(kind(l, b.destroy_gpu_instance(2, gi.id)), "in_use", "{l}");
+    assert_eq!(kind(l, b.destroy_gpu_instance(2, 42)), "not_found", "{l}");
+    assert_eq!(
+        kind(l, b.destroy_compute_instance(2, gi.id, 7)),
+        "not_found",
+        "{l}"
+    );
+    assert_eq!(kind(l, b.mig_mode(3)), "not_supported", "{l}");
+    assert_eq!(kind(l, b.gpu_info(99)), "not_found", "{l}");
+    assert_eq!(
+        kind(l, b.set_mig_mode(1, false)),
+        "in_use",
+        "{l}: instances exist"
+    );
+
+    // Tear down what was created.
+    b.destroy_compute_instance(2, gi.id, ci.id).unwrap();
+    b.destroy_gpu_instance(2, gi.id).unwrap();
+    for id in small {
+        b.destroy_compute_instance(2, id, 0).unwrap();
+        b.destroy_gpu_instance(2, id).unwrap();
+    }
+    assert!(b.gpu_instances(2).unwrap().is_empty(), "{l}");
+
+    // MIG mode.
+    assert_eq!(
+        b.set_mig_mode(0, true).unwrap(),
+        MigModeChange::Applied,
+        "{l}"
+    );
+    assert!(b.mig_mode(0).unwrap().current, "{l}");
+    assert_eq!(
+        b.set_mig_mode(0, false).unwrap(),
+        MigModeChange::Applied,
+        "{l}"
+    );
+    assert!(!b.mig_mode(0).unwrap().current, "{l}");
+
+    // Telemetry: bounded and consistent.
+    for gpu in 0..4 {
+        let t = b.gpu_telemetry(gpu).unwrap();
+        assert_eq!(t.gpu, gpu, "{l}");
+        in_range(l, "SM clock", &t.sm_clock_mhz, 100, 3_000);
+        in_range(l, "memory clock", &t.mem_clock_mhz, 100, 12_000);
+        in_range(l, "GPU temperature", &t.gpu_temp_c, 15, 110);
+        in_range(l, "memory temperature", &t.memory_temp_c, 15, 120);
+        in_range(l, "power", &t.power_usage_mw, 1_000, 1_200_000);
+        in_range(l, "GPU utilisation", &t.gpu_util_pct, 0, 100);
+        in_range(l, "memory utilisation", &t.mem_copy_util_pct, 0, 100);
+        in_range(l, "encoder", &t.enc_util_pct, 0, 100);
+        in_range(l, "decoder", &t.dec_util_pct, 0, 100);
+        in_range(l, "graphics active", &t.gr_engine_active, 0.0, 1.0);
+        in_range(l, "tensor active", &t.tensor_active, 0.0, 1.0);
+        in_range(l, "DRAM active", &t.dram_active, 0.0, 1.0);
+        assert!(
+            t.sm_clock_mhz.value().is_some(),
+            "{l}: SM clock is always there"
+        );
+        let fb = t.fb_memory.value().copied().unwrap();
+        assert!(fb.is_consistent(), "{l}: {fb:?}");
+        assert_eq!(fb.total, inv.gpus[gpu as usize].memory_total_bytes, "{l}");
+        let e1 = *t.total_energy_mj.value().unwrap();
+        let e2 = *b
+            .gpu_telemetry(gpu)
+            .unwrap()
+            .total_energy_mj
+            .value()
+            .unwrap();
+        assert!(e2 >= e1, "{l}: energy went down");
+    }
+    let l4 = b.gpu_telemetry(3).unwrap();
+    assert!(
+        l4.memory_temp_c.is_not_supported(),
+        "{l}: L4 has no HBM sensor"
+    );
+    assert!(l4.remapped_rows.is_not_supported(), "{l}");
+    let mig = b.mig_telemetry(1).unwrap();
+    assert_eq!(mig.len(), 2, "{l}");
+    let fb = mig[0].fb_memory.value().copied().unwrap();
+    assert!(fb.is_consistent(), "{l}");
+    assert_eq!(fb.total, 19_968 << 20, "{l}: 3g.20gb memory");
+    assert_eq!(kind(l, b.mig_telemetry(0)), "not_supported", "{l}");
+
+    // Health events: an Xid on demand, then a GPU falling off the bus.
+    let mut events = b.health_events().unwrap();
+    h.injector
+        .inject(FaultSpec {
+            gpu: Some(3),
+            at_ms: 0,
+            fault: Fault::Xid {
+                xid: 48,
+                gpu_instance: None,
+            },
+        })
+        .unwrap();
+    let e = next_event(l, &mut events);
+    assert_eq!(
+        (e.gpu, &e.kind),
+        (3, &HealthEventKind::Xid { xid: 48 }),
+        "{l}"
+    );
+    assert_eq!(e.uuid, inv.gpus[3].uuid, "{l}");
+    assert_eq!(e.gpu_instance_id, None, "{l}");
+    assert_eq!(
+        b.gpu_telemetry(3).unwrap().last_xid,
+        Reading::Value(48),
+        "{l}"
+    );
+    h.injector
+        .inject(FaultSpec {
+            gpu: Some(1),
+            at_ms: 0,
+            fault: Fault::Xid {
+                xid: 94,
+                gpu_instance: Some(gis[1].id),
+            },
+        })
+        .unwrap();
+    let e = next_event(l, &mut events);
+    assert_eq!((e.gpu, e.gpu_instance_id), (1, Some(gis[1].id)), "{l}");
+    h.injector
+        .inject(FaultSpec {
+            gpu: Some(0),
+            at_ms: 0,
+            fault: Fault::FallOffBus,
+        })
+        .unwrap();
+    let e = next_event(l, &mut events);
+    assert_eq!(
+        (e.gpu, &e.kind),
+        (0, &HealthEventKind::Xid { xid: 79 }),
+        "{l}"
+    );
+    let e = next_event(l, &mut events);
+    assert_eq!((e.gpu, &e.kind), (0, &HealthEventKind::GpuLost), "{l}");
+    assert_eq!(kind(l, b.gpu_info(0)), "gpu_lost", "{l}");
+    assert_eq!(kind(l, b.gpu_telemetry(0)), "gpu_lost", "{l}");
+    let inv = b.inventory().unwrap();
+    assert_eq!(
+        inv.gpus.len(),
+        3,
+        "{l}: one lost GPU does not hide the others"
+    );
+    assert_eq!(inv.errors[0].index, 0, "{l}");
+    assert_eq!(inv.errors[0].error.kind(), "gpu_lost", "{l}");
+}
+
+fn write_fleet(dir: &Path) -> PathBuf {
+    let path = dir.join("contract.yaml");
+    std::fs::write(&path, FLEET).unwrap();
+    path
+}
+
+/// Builds `libnvml_standin.so` into this test's target directory and returns its path.
+fn standin_lib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // <target>/<profile>/deps/<test binary>
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let target_dir = profile_dir.parent().unwrap().to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .args(["build", "-p", "nvml-standin", "--lib"])
+        .env("CARGO_TARGET_DIR", &target_dir);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().unwrap();
+    assert!(status.success(), "cargo build -p nvml-standin failed");
+    let lib = profile_dir.join("libnvml_standin.so");
+    assert!(lib.exists(), "{} was not built", lib.display());
+    lib
+}
+
+#[test]
+fn contract_holds_for_simulated_and_nvml_over_standin() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = write_fleet(dir.path());
+    let spec = SimNodeSpec::from_fleet_file(&fleet, None).unwrap();
+
+    // 1. Simulated, directly.
+    let sim = SimulatedBackend::new(&spec).unwrap();
+    contract(&Harness {
+        label: "simulated",
+        backend: Arc::new(sim.clone()),
+        injector: sim,
+    });
+
+    // 2. NVML over the stand-in, sharing a state file with the injector.
+    let lib = standin_lib();
+    let state = dir.path().join("state.json");
+    // SAFETY: this is the only test in this binary that touches the environment,
+    // and nothing else runs concurrently in it.
+    unsafe {
+        std::env::set_var("GPU_STACK_STANDIN_FLEET", &fleet);
+        std::env::set_var("GPU_STACK_STANDIN_NODE", "contract-0");
+        std::env::set_var("GPU_STACK_STANDIN_STATE", &state);
+    }
+    let nvml = NvmlBackend::open(Some(&lib)).unwrap();
+    let injector = SimulatedBackend::with_state_file(&spec, &state).unwrap();
+    // Before anything changes, both backends describe the node identically.
+    let fresh = SimulatedBackend::new(&spec).unwrap();
+    assert_eq!(
+        serde_json::to_string_pretty(&node_snapshot(&nvml).unwrap()).unwrap(),
+        serde_json::to_string_pretty(&node_snapshot(&fresh).unwrap()).unwrap(),
+        "gpus -o json differs between backends"
+    );
+    contract(&Harness {
+        label: "nvml-over-standin",
+        backend: Arc::new(nvml),
+        injector,
+    });
+
+    // A library that is not there is a clear, typed error.
+    let err = NvmlBackend::open(Some(Path::new("/nonexistent/libnvidia-ml.so.1"))).unwrap_err();
+    assert_eq!(err.kind(), "library_unavailable");
+    assert!(
+        err.to_string().contains("/nonexistent/libnvidia-ml.so.1"),
+        "{err}"
+    );
+}
