@@ -38,7 +38,10 @@ fn run(b: &dyn GpuBackend, cfg: &MigPartedConfig, name: &str) -> Result<ApplyRep
 }
 
 /// Layout of every GPU as `profile@start` lists, plus MIG mode.
-fn layout(b: &dyn GpuBackend) -> Vec<(bool, Vec<(u32, u32, Vec<u32>)>)> {
+/// (profile id, start, compute-instance slice counts) of one GPU instance.
+type Gi = (u32, u32, Vec<u32>);
+
+fn layout(b: &dyn GpuBackend) -> Vec<(bool, Vec<Gi>)> {
     (0..b.device_count().unwrap())
         .map(|g| {
             let s = b.mig_state(g).unwrap();

@@ -102,15 +102,9 @@ pub fn select(
     let mut out = Vec::new();
     for gpu in gpus {
         let device = catalog::format_pci_id(gpu.pci_device_id);
-        let Some((entry, spec)) = named
-            .entries
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| {
-                e.devices.includes(gpu.index) && e.matches_device(gpu.pci_device_id, None)
-            })
-            .last()
-        else {
+        let Some((entry, spec)) = named.entries.iter().enumerate().rev().find(|(_, e)| {
+            e.devices.includes(gpu.index) && e.matches_device(gpu.pci_device_id, None)
+        }) else {
             continue;
         };
         if !spec.mig_enabled {

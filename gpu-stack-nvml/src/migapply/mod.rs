@@ -634,7 +634,9 @@ pub fn apply(
 /// indices. Applying it to the same node changes nothing.
 pub fn export(backend: &dyn GpuBackend, name: &str) -> Result<ExportedConfig, ApplyError> {
     let snapshots = observe(backend, &NoProcesses)?;
-    let mut groups: Vec<(u32, bool, BTreeMap<String, u32>, Vec<u32>)> = Vec::new();
+    // (PCI id, MIG on, profile counts, GPU indices) per group of identical GPUs.
+    type Group = (u32, bool, BTreeMap<String, u32>, Vec<u32>);
+    let mut groups: Vec<Group> = Vec::new();
     for s in snapshots.iter().filter(|s| s.mig.is_some()) {
         let enabled = s.observed.mode.current;
         let mut devices: BTreeMap<String, u32> = BTreeMap::new();
