@@ -194,3 +194,29 @@ fn fleet_errors_name_node_and_gpu() {
     let e = err("nodes:\n  - name: n1\n    colour: red\n");
     assert!(matches!(e, FleetError::Parse(_)), "{e}");
 }
+
+#[test]
+fn idle_instances_move_when_that_serves_more_demand() {
+    let text = r#"
+nodes:
+  - name: a
+    gpus:
+      - model: A100-SXM4-40GB
+        count: 3
+        mig: { enabled: true, instances: ["3g.20gb@4", "1g.5gb@0"], in-use: ["3g.20gb@4"] }
+"#;
+    let fleet = Fleet::from_yaml(text).unwrap();
+    let plan = mig::plan_fleet(
+        &fleet.planner_gpus(),
+        &mig::parse_demand("1g.5gb=6,3g.20gb=4").unwrap(),
+    )
+    .unwrap();
+    let p = |n: &str| plan.profiles.iter().find(|o| o.profile == n).unwrap();
+    assert_eq!(p("3g.20gb").planned, 4, "{plan:#?}");
+    assert_eq!(p("3g.20gb").in_use, 3);
+    // One idle 1g.5gb gives way to the 3g; the others stay.
+    assert_eq!(plan.destroyed, 1, "{plan:#?}");
+    for g in &plan.gpus {
+        assert!(g.target.contains(&"3g.20gb@4".parse().unwrap()));
+    }
+}
