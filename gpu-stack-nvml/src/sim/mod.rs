@@ -263,7 +263,7 @@ fn gpu_uuid(node: &str, index: u32) -> String {
 
 fn mig_uuid(gpu_uuid: &str, gi: u32, ci: u32) -> String {
     let a = mix(str_hash(gpu_uuid) ^ (u64::from(gi) << 32) ^ u64::from(ci));
-    format!("MIG-{}", uuid_body(a, mix(a ^ 0x4d49_47)))
+    format!("MIG-{}", uuid_body(a, mix(a ^ 0x004d_4947)))
 }
 
 const BUS_IDS: [u32; 8] = [0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD];
@@ -652,7 +652,7 @@ fn initial_state(spec: &SimNodeSpec) -> Result<NodeState, SimError> {
             }
         }
         let mut telemetry = g.telemetry.unwrap_or(spec.telemetry);
-        telemetry.seed = telemetry.seed ^ mix(u64::from(index));
+        telemetry.seed ^= mix(u64::from(index));
         gpus.push(GpuState {
             index,
             model: model.name.clone(),
