@@ -407,7 +407,7 @@ fn layouts(
         for l in &all {
             out!("{}", mig::format_layout(l));
         }
-        eout!("{} layouts", all.len());
+        eprintln!("{} layouts", all.len());
     }
     Ok(ExitCode::SUCCESS)
 }
