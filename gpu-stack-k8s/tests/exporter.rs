@@ -124,7 +124,14 @@ async fn golden_dgx_a100_with_mig() {
     let text = golden_for(true, 8, "exporter-dgx-a100-mig.prom").await;
     // 6 whole GPUs plus 4 GPU instances on each of the 2 MIG GPUs.
     assert_eq!(text.matches("DCGM_FI_DEV_GPU_TEMP{").count(), 14);
-    assert_eq!(text.matches("GPU_I_PROFILE=\"1g.5gb\"").count() > 0, true);
+    // Two 1g.5gb instances on each MIG GPU.
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("DCGM_FI_DEV_GPU_TEMP{")
+                && l.contains("GPU_I_PROFILE=\"1g.5gb\""))
+            .count(),
+        4
+    );
     // Framebuffer per GPU instance is reported.
     assert!(text.contains("DCGM_FI_DEV_FB_USED{gpu=\"6\""));
     // Utilizations are not per GPU instance, as in dcgm-exporter.
