@@ -338,6 +338,18 @@ fn preflight(layout: &Layout) -> Result<()> {
         }
     }
     let live = live_processes(layout);
+    let complete = COMPONENTS.iter().all(|c| {
+        live.iter()
+            .any(|(_, exe)| exe.file_name() == Some(c.as_ref()))
+    });
+    if !live.is_empty() && !complete {
+        bail!(
+            "processes of an earlier test cluster that did not shut down cleanly are still \
+             running from {} ({}). Stop them with `cargo xtask cluster down`, then try again",
+            layout.state.display(),
+            describe(&live)
+        );
+    }
     if !live.is_empty() {
         bail!(
             "a test cluster is already running from {} ({}). Use it with `export \

@@ -109,10 +109,30 @@ fn up_to_date(layout: &Layout, stamp: &str) -> bool {
 
 /// Finds the Go toolchain: `$GO`, then `go` on PATH, then /usr/local/go/bin/go.
 fn find_go() -> Result<PathBuf> {
-    if let Some(go) = std::env::var_os("GO").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(go));
+    locate_go(
+        std::env::var_os("GO").filter(|v| !v.is_empty()),
+        std::env::var_os("PATH"),
+        Path::new("/usr/local/go/bin/go"),
+    )
+}
+
+fn locate_go(
+    explicit: Option<std::ffi::OsString>,
+    path: Option<std::ffi::OsString>,
+    fallback: &Path,
+) -> Result<PathBuf> {
+    if let Some(go) = explicit {
+        let go = PathBuf::from(go);
+        if !go.is_file() {
+            bail!(
+                "GO={} does not exist: point GO at the `go` binary of a Go 1.26+ \
+                 installation, or unset it to use `go` from PATH",
+                go.display()
+            );
+        }
+        return Ok(go);
     }
-    if let Some(path) = std::env::var_os("PATH") {
+    if let Some(path) = path {
         for dir in std::env::split_paths(&path) {
             let candidate = dir.join("go");
             if candidate.is_file() {
@@ -120,9 +140,8 @@ fn find_go() -> Result<PathBuf> {
             }
         }
     }
-    let fallback = PathBuf::from("/usr/local/go/bin/go");
     if fallback.is_file() {
-        return Ok(fallback);
+        return Ok(fallback.to_path_buf());
     }
     bail!(
         "the Go toolchain was not found (looked at $GO, PATH and /usr/local/go/bin/go). \
@@ -261,4 +280,53 @@ fn write_kwok_stages(go: &Path, layout: &Layout) -> Result<()> {
     }
     let target = layout.binary(KWOK_STAGES_FILE);
     fs::write(&target, config).with_context(|| format!("writing {}", target.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_go_toolchain_says_what_to_do() {
+        let empty = std::env::temp_dir().join("gpu-stack-no-go-here");
+        let err = locate_go(None, Some(empty.clone().into()), &empty.join("go"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Go toolchain was not found"), "{err}");
+        assert!(err.contains("GO=/path/to/go"), "{err}");
+    }
+
+    #[test]
+    fn explicit_go_that_does_not_exist_is_rejected() {
+        let missing = std::env::temp_dir().join("gpu-stack-no-go-here").join("go");
+        let err = locate_go(Some(missing.into()), None, Path::new("/nonexistent"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not exist"), "{err}");
+    }
+
+    #[test]
+    fn ldflags_stamp_the_kubernetes_version() {
+        let flags = k8s_ldflags();
+        assert!(flags.starts_with("-s -w"));
+        assert!(flags.contains("k8s.io/component-base/version.gitVersion=v1.34.4"));
+        assert!(flags.contains("k8s.io/client-go/pkg/version.gitMinor=34"));
+    }
+
+    #[test]
+    fn wrapper_module_pins_the_stamped_version() {
+        let go_mod = fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/control-plane/k8s/go.mod"),
+        )
+        .unwrap();
+        let minor = KUBE_VERSION.trim_start_matches("v1.");
+        assert!(go_mod.contains(&format!("k8s.io/kubernetes {KUBE_VERSION}")));
+        // Every staging module is replaced at the matching v0 version.
+        let replaces = go_mod
+            .lines()
+            .filter(|l| l.contains("=> k8s.io/"))
+            .collect::<Vec<_>>();
+        assert!(replaces.len() >= 29, "{replaces:?}");
+        assert!(replaces.iter().all(|l| l.ends_with(&format!("v0.{minor}"))));
+    }
 }

@@ -140,3 +140,26 @@ fn default_cache_dir() -> Result<PathBuf> {
 fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn six_distinct_consecutive_ports() {
+        let ports = Ports::from_base(DEFAULT_PORT_BASE).unwrap();
+        let mut all: Vec<u16> = ports.all().iter().map(|(_, p)| *p).collect();
+        all.dedup();
+        assert_eq!(all.len(), 6);
+        assert_eq!(all[0], DEFAULT_PORT_BASE);
+        assert_eq!(all[5], DEFAULT_PORT_BASE + 5);
+    }
+
+    #[test]
+    fn privileged_or_overflowing_port_bases_are_rejected() {
+        for base in [0, 80, 1023, u16::MAX - 5, u16::MAX] {
+            let err = Ports::from_base(base).unwrap_err().to_string();
+            assert!(err.contains("--port-base"), "{base}: {err}");
+        }
+    }
+}

@@ -68,3 +68,26 @@ fn write(dir: &Path, name: &str, contents: &str) -> Result<()> {
     let path = dir.join(name);
     fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_ca_serving_client_and_service_account_material() {
+        let dir = std::env::temp_dir().join(format!("gpu-stack-pki-test-{}", std::process::id()));
+        generate(&dir).unwrap();
+        let read = |name: &str| fs::read_to_string(dir.join(name)).unwrap();
+        for cert in ["ca.crt", "apiserver.crt", "admin.crt"] {
+            assert!(
+                read(cert).starts_with("-----BEGIN CERTIFICATE-----"),
+                "{cert}"
+            );
+        }
+        for key in ["apiserver.key", "admin.key", "sa.key"] {
+            assert!(read(key).contains("PRIVATE KEY-----"), "{key}");
+        }
+        assert!(read("sa.pub").starts_with("-----BEGIN PUBLIC KEY-----"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
