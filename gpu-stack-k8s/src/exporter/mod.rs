@@ -61,12 +61,12 @@ impl Default for ExporterConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ExporterError {
     /// The GPU backend could not list the GPUs.
-    #[error("cannot list the GPUs through the {backend} backend: {source}")]
+    #[error("cannot list the GPUs through the {backend} backend: {reason}")]
     Inventory {
         /// Backend name.
         backend: String,
         /// What failed.
-        source: BackendError,
+        reason: BackendError,
     },
     /// The listen address is not valid.
     #[error(
@@ -78,13 +78,13 @@ pub enum ExporterError {
     },
     /// The listen address could not be bound.
     #[error(
-        "cannot listen on {addr}: {source}; is another exporter already running there? choose another address with --listen"
+        "cannot listen on {addr}: {reason}; is another exporter already running there? choose another address with --listen"
     )]
     Listen {
         /// The address.
         addr: SocketAddr,
         /// What the OS said.
-        source: std::io::Error,
+        reason: std::io::Error,
     },
 }
 
@@ -110,7 +110,7 @@ pub fn parse_listen(addr: &str) -> Result<SocketAddr, ExporterError> {
 pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ExporterError> {
     tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|source| ExporterError::Listen { addr, source })
+        .map_err(|reason| ExporterError::Listen { addr, reason })
 }
 
 /// Starts sampling `backend` (inside a tokio runtime, for pod attribution).

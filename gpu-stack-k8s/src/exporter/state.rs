@@ -99,9 +99,9 @@ impl Exporter {
     ) -> Result<Self, ExporterError> {
         let inventory = backend
             .inventory()
-            .map_err(|source| ExporterError::Inventory {
+            .map_err(|reason| ExporterError::Inventory {
                 backend: backend.name().to_string(),
-                source,
+                reason,
             })?;
         if config.render.driver_version.is_none() {
             config.render.driver_version = Some(inventory.system.driver_version.clone());

@@ -19,13 +19,13 @@ pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 pub enum PodResourcesError {
     /// The socket could not be reached.
     #[error(
-        "cannot connect to the kubelet pod-resources socket {path}: {source}; check that the kubelet runs and the socket is mounted (see --pod-resources-socket)"
+        "cannot connect to the kubelet pod-resources socket {path}: {reason}; check that the kubelet runs and the socket is mounted (see --pod-resources-socket)"
     )]
     Connect {
         /// Socket path.
         path: PathBuf,
         /// Transport error.
-        source: tonic::transport::Error,
+        reason: tonic::transport::Error,
     },
     /// The kubelet answered with an error or the call timed out.
     #[error("kubelet pod-resources List on {path} failed: {status}")]
@@ -80,9 +80,9 @@ impl PodResourcesClient {
             None => {
                 let c = unix_channel(&self.path, self.timeout)
                     .await
-                    .map_err(|source| PodResourcesError::Connect {
+                    .map_err(|reason| PodResourcesError::Connect {
                         path: self.path.clone(),
-                        source,
+                        reason,
                     })?;
                 self.channel = Some(c.clone());
                 c
