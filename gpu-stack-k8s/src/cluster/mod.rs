@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 
+pub mod kube_cluster;
 pub mod fleet;
 pub mod memory;
 pub mod object;

@@ -1,0 +1,463 @@
+//! The [`Cluster`] seam over a real API server.
+//!
+//! - Writes use server-side apply with one field manager
+//!   ([`FIELD_MANAGER`]), forced, as controllers should: the operator owns the
+//!   fields it sets and drops the ones it no longer sets.
+//! - Every object except the Namespace gets an owner reference to the
+//!   ClusterPolicy being reconciled, so deleting the policy garbage-collects
+//!   them. (Owning the Namespace would let garbage collection delete the
+//!   operator's own namespace.)
+//! - Nodes are never cached whole: [`KubeCluster::list_nodes`] reads the
+//!   controller's metadata-only store, so a Node here has metadata only.
+//! - Node labels are changed with a JSON merge patch of `metadata.labels`,
+//!   touching no other field and no label we did not name.
+use std::sync::{Arc, RwLock};
+
+use futures::stream::BoxStream;
+use futures::{StreamExt, future};
+use gpu_stack_core::operator::labels::LabelPatch;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::object::{MANAGED_BY, MANAGED_BY_LABEL};
+use super::{Cluster, ClusterError, NodeEvent, Object, ObjectKey};
+use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
+use crate::controller::NodeStore;
+
+/// The field manager of every write the operator makes.
+pub const FIELD_MANAGER: &str = "gpu-stack-operator";
+
+/// A [`Cluster`] backed by the Kubernetes API.
+#[derive(Clone)]
+pub struct KubeCluster {
+    client: Client,
+    namespace: String,
+    nodes: NodeStore,
+    owner: Arc<RwLock<Option<OwnerReference>>>,
+}
+
+impl KubeCluster {
+    /// A cluster over `client`, whose operands live in `namespace`, reading
+    /// nodes from the controller's metadata store.
+    pub fn new(client: Client, namespace: impl Into<String>, nodes: NodeStore) -> Self {
+        Self {
+            client,
+            namespace: namespace.into(),
+            nodes,
+            owner: Arc::new(RwLock::new(None)),
+        }
+    }
+
+    /// Makes `policy` the owner of every object applied from now on.
+    pub fn set_owner(&self, policy: &ClusterPolicy) {
+        let owner = policy.controller_owner_ref(&()).map(|mut o| {
+            // Deleting an operand must not wait for the policy.
+            o.block_owner_deletion = Some(false);
+            o
+        });
+        if let Ok(mut slot) = self.owner.write() {
+            *slot = owner;
+        }
+    }
+
+    /// The namespace of the operands.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The client in use.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn owner(&self) -> Option<OwnerReference> {
+        self.owner.read().ok().and_then(|o| o.clone())
+    }
+
+    fn api<K>(&self, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<DynamicType = ()>,
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        Api::namespaced(self.client.clone(), namespace.unwrap_or(&self.namespace))
+    }
+
+    async fn list_kind<K>(&self, api: Api<K>, params: &ListParams) -> Result<Vec<K>, ClusterError>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        api.list(params)
+            .await
+            .map(|l| l.items)
+            .map_err(|e| backend(&format!("list {}", K::kind(&())), e))
+    }
+}
+
+fn backend(what: &str, e: kube::Error) -> ClusterError {
+    match &e {
+        kube::Error::Api(s) if s.code == 404 => ClusterError::NotFound {
+            what: what.to_string(),
+        },
+        kube::Error::Api(s) if s.code == 422 || s.code == 400 => ClusterError::Invalid {
+            what: what.to_string(),
+            reason: s.message.clone(),
+        },
+        _ => ClusterError::Backend(Box::new(WithContext {
+            what: what.to_string(),
+            source: e,
+        })),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+struct WithContext {
+    what: String,
+    #[source]
+    source: kube::Error,
+}
+
+/// Strips what the server owns so the object can be sent as an apply patch.
+fn for_apply(mut obj: Object, owner: Option<OwnerReference>) -> Object {
+    let is_namespace = matches!(obj, Object::Namespace(_));
+    let meta = obj.meta_mut();
+    meta.resource_version = None;
+    meta.uid = None;
+    meta.creation_timestamp = None;
+    meta.managed_fields = None;
+    meta.generation = None;
+    if let (Some(owner), false) = (owner, is_namespace) {
+        meta.owner_references = Some(vec![owner]);
+    }
+    match &mut obj {
+        Object::DaemonSet(d) => d.status = None,
+        Object::Namespace(n) => n.status = None,
+        _ => {}
+    }
+    obj
+}
+
+async fn apply_one<K>(api: Api<K>, name: &str, obj: &K) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await
+}
+
+fn node_from_meta(meta: &PartialObjectMeta<Node>) -> Node {
+    Node {
+        metadata: meta.metadata.clone(),
+        spec: None,
+        status: None,
+    }
+}
+
+impl Cluster for KubeCluster {
+    async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
+        Ok(self
+            .nodes
+            .state()
+            .iter()
+            .map(|m| node_from_meta(m))
+            .collect())
+    }
+
+    fn watch_nodes(&self) -> BoxStream<'static, NodeEvent> {
+        let api: Api<PartialObjectMeta<Node>> = Api::all(self.client.clone());
+        watcher(api, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .filter_map(|e| {
+                future::ready(match e {
+                    Ok(watcher::Event::Apply(m)) | Ok(watcher::Event::InitApply(m)) => {
+                        Some(NodeEvent::Applied(Box::new(node_from_meta(&m))))
+                    }
+                    Ok(watcher::Event::Delete(m)) => {
+                        Some(NodeEvent::Deleted(Box::new(node_from_meta(&m))))
+                    }
+                    _ => None,
+                })
+            })
+            .boxed()
+    }
+
+    async fn list_owned(&self) -> Result<Vec<Object>, ClusterError> {
+        let lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let c = &self.client;
+        let ns = Some(self.namespace.as_str());
+        let mut out = Vec::new();
+        out.extend(
+            self.list_kind(Api::<Namespace>::all(c.clone()), &lp)
+                .await?
+                .into_iter()
+                .map(Object::Namespace),
+        );
+        out.extend(
+            self.list_kind(Api::<ClusterRole>::all(c.clone()), &lp)
+                .await?
+                .into_iter()
+                .map(Object::ClusterRole),
+        );
+        out.extend(
+            self.list_kind(Api::<ClusterRoleBinding>::all(c.clone()), &lp)
+                .await?
+                .into_iter()
+                .map(Object::ClusterRoleBinding),
+        );
+        out.extend(
+            self.list_kind(Api::<RuntimeClass>::all(c.clone()), &lp)
+                .await?
+                .into_iter()
+                .map(Object::RuntimeClass),
+        );
+        // The operand namespace may not exist yet on a first install.
+        let namespaced = async {
+            let mut v = Vec::new();
+            v.extend(
+                self.list_kind(self.api::<ServiceAccount>(ns), &lp)
+                    .await?
+                    .into_iter()
+                    .map(Object::ServiceAccount),
+            );
+            v.extend(
+                self.list_kind(self.api::<Role>(ns), &lp)
+                    .await?
+                    .into_iter()
+                    .map(Object::Role),
+            );
+            v.extend(
+                self.list_kind(self.api::<RoleBinding>(ns), &lp)
+                    .await?
+                    .into_iter()
+                    .map(Object::RoleBinding),
+            );
+            v.extend(
+                self.list_kind(self.api::<ConfigMap>(ns), &lp)
+                    .await?
+                    .into_iter()
+                    .map(Object::ConfigMap),
+            );
+            v.extend(
+                self.list_kind(self.api::<DaemonSet>(ns), &lp)
+                    .await?
+                    .into_iter()
+                    .map(Object::DaemonSet),
+            );
+            Ok::<_, ClusterError>(v)
+        };
+        out.extend(namespaced.await?);
+        Ok(out)
+    }
+
+    async fn apply(&self, obj: Object) -> Result<Object, ClusterError> {
+        let key = obj.key();
+        let what = key.to_string();
+        let obj = for_apply(obj, self.owner());
+        let name = key.name.clone();
+        let ns = key.namespace.as_deref();
+        let c = self.client.clone();
+        let result = match &obj {
+            Object::Namespace(o) => apply_one(Api::all(c), &name, o)
+                .await
+                .map(Object::Namespace),
+            Object::ClusterRole(o) => apply_one(Api::all(c), &name, o)
+                .await
+                .map(Object::ClusterRole),
+            Object::ClusterRoleBinding(o) => apply_one(Api::all(c), &name, o)
+                .await
+                .map(Object::ClusterRoleBinding),
+            Object::RuntimeClass(o) => apply_one(Api::all(c), &name, o)
+                .await
+                .map(Object::RuntimeClass),
+            Object::ServiceAccount(o) => apply_one(self.api(ns), &name, o)
+                .await
+                .map(Object::ServiceAccount),
+            Object::Role(o) => apply_one(self.api(ns), &name, o).await.map(Object::Role),
+            Object::RoleBinding(o) => apply_one(self.api(ns), &name, o)
+                .await
+                .map(Object::RoleBinding),
+            Object::ConfigMap(o) => apply_one(self.api(ns), &name, o)
+                .await
+                .map(Object::ConfigMap),
+            Object::DaemonSet(o) => apply_one(self.api(ns), &name, o)
+                .await
+                .map(Object::DaemonSet),
+        };
+        result.map_err(|e| backend(&format!("apply {what}"), e))
+    }
+
+    async fn delete(&self, key: &ObjectKey) -> Result<(), ClusterError> {
+        let dp = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..DeleteParams::default()
+        };
+        let c = self.client.clone();
+        let ns = key.namespace.as_deref();
+        let name = key.name.as_str();
+        let result = match key.kind.as_str() {
+            "Namespace" => Api::<Namespace>::all(c).delete(name, &dp).await.map(|_| ()),
+            "ClusterRole" => Api::<ClusterRole>::all(c)
+                .delete(name, &dp)
+                .await
+                .map(|_| ()),
+            "ClusterRoleBinding" => Api::<ClusterRoleBinding>::all(c)
+                .delete(name, &dp)
+                .await
+                .map(|_| ()),
+            "RuntimeClass" => Api::<RuntimeClass>::all(c)
+                .delete(name, &dp)
+                .await
+                .map(|_| ()),
+            "ServiceAccount" => self
+                .api::<ServiceAccount>(ns)
+                .delete(name, &dp)
+                .await
+                .map(|_| ()),
+            "Role" => self.api::<Role>(ns).delete(name, &dp).await.map(|_| ()),
+            "RoleBinding" => self
+                .api::<RoleBinding>(ns)
+                .delete(name, &dp)
+                .await
+                .map(|_| ()),
+            "ConfigMap" => self
+                .api::<ConfigMap>(ns)
+                .delete(name, &dp)
+                .await
+                .map(|_| ()),
+            "DaemonSet" => self
+                .api::<DaemonSet>(ns)
+                .delete(name, &dp)
+                .await
+                .map(|_| ()),
+            other => {
+                return Err(ClusterError::Invalid {
+                    what: key.to_string(),
+                    reason: format!("the operator does not manage objects of kind {other}"),
+                });
+            }
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(backend(&format!("delete {key}"), e)),
+        }
+    }
+
+    async fn patch_node_labels(
+        &self,
+        node: &str,
+        patch: &LabelPatch,
+    ) -> Result<Node, ClusterError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let body = serde_json::json!({ "metadata": { "labels": patch } });
+        let meta = api
+            .patch_metadata(node, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(|e| backend(&format!("patch labels of Node/{node}"), e))?;
+        Ok(Node {
+            metadata: meta.metadata,
+            spec: None,
+            status: None,
+        })
+    }
+
+    async fn list_cluster_policies(&self) -> Result<Vec<ClusterPolicy>, ClusterError> {
+        let api: Api<ClusterPolicy> = Api::all(self.client.clone());
+        let policies = api
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .map_err(|e| backend("list ClusterPolicies", e))?;
+        // The policy in charge owns what this pass applies.
+        if let Some(active) = crate::desired::active_policy(&policies) {
+            self.set_owner(active);
+        }
+        Ok(policies)
+    }
+
+    async fn update_policy_status(
+        &self,
+        name: &str,
+        status: &ClusterPolicyStatus,
+    ) -> Result<(), ClusterError> {
+        let api: Api<ClusterPolicy> = Api::all(self.client.clone());
+        // Apply (not merge): fields dropped from the status disappear.
+        let body = serde_json::json!({
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "status": status,
+        });
+        api.patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| backend(&format!("update status of ClusterPolicy/{name}"), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn owner() -> OwnerReference {
+        OwnerReference {
+            api_version: "nvidia.com/v1".into(),
+            kind: "ClusterPolicy".into(),
+            name: "cluster-policy".into(),
+            uid: "u-1".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(false),
+        }
+    }
+
+    #[test]
+    fn apply_body_drops_server_fields_and_sets_owner() {
+        let ds = DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("nvidia-device-plugin-daemonset".into()),
+                namespace: Some("gpu-operator".into()),
+                resource_version: Some("42".into()),
+                uid: Some("x".into()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: Some(Default::default()),
+        };
+        let out = for_apply(Object::DaemonSet(ds), Some(owner()));
+        let meta = out.meta();
+        assert_eq!(meta.resource_version, None);
+        assert_eq!(meta.uid, None);
+        assert_eq!(meta.owner_references.as_ref().map(Vec::len), Some(1));
+        assert!(out.as_daemonset().is_some_and(|d| d.status.is_none()));
+    }
+
+    #[test]
+    fn namespace_is_never_owned_by_the_policy() {
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some("gpu-operator".into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        let out = for_apply(Object::Namespace(ns), Some(owner()));
+        assert_eq!(out.meta().owner_references, None);
+    }
+}

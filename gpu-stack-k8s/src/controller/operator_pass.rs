@@ -1,0 +1,369 @@
+//! The operator logic ([`crate::operator::Operator`]) as a controller [`Pass`]
+//! over [`KubeCluster`], plus what only a real cluster needs: a finalizer so
+//! that deleting the ClusterPolicy also removes the node labels the operator
+//! added, and Events for decisions (published once per change, so a resync
+//! writes nothing).
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpu_stack_core::operator::labels::{
+    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LabelPatch, NFD_GPU_LABELS, NFD_PREFIX,
+};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+
+use super::events::{Decision, Severity};
+use super::{NodeStore, Pass, PassReport};
+use crate::cluster::kube_cluster::KubeCluster;
+use crate::cluster::{Cluster, ClusterError};
+use crate::clusterpolicy::{ClusterPolicy, state};
+use crate::desired::Options;
+use crate::operator::{Operator, OperatorError};
+use crate::operator_metrics::ReconciliationStatus;
+
+/// Finalizer on the ClusterPolicy: node label cleanup runs before it goes.
+pub const FINALIZER: &str = "nvidia.com/gpu-stack-cleanup";
+
+/// Requeue delay while operands are not ready (NVIDIA's operator uses 5 s).
+pub const NOT_READY_REQUEUE: Duration = Duration::from_secs(5);
+
+/// Errors of a pass over a real cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum KubePassError {
+    /// The operator logic failed.
+    #[error(transparent)]
+    Operator(#[from] OperatorError),
+    /// Cleanup of a deleted policy failed.
+    #[error("cleanup of deleted ClusterPolicy {policy} failed while {during}: {source}")]
+    Cleanup {
+        /// The policy.
+        policy: String,
+        /// What was being done.
+        during: String,
+        /// The cluster error.
+        #[source]
+        source: ClusterError,
+    },
+    /// Adding or removing the finalizer failed.
+    #[error("cannot update finalizers of ClusterPolicy {policy}: {source}")]
+    Finalizer {
+        /// The policy.
+        policy: String,
+        /// Underlying error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The operator pass over a live cluster.
+pub struct OperatorPass {
+    operator: Operator<KubeCluster>,
+    nodes: NodeStore,
+    published: Mutex<BTreeSet<(String, String, String)>>,
+}
+
+impl OperatorPass {
+    /// Builds the pass for operands in `namespace`.
+    pub fn new(client: kube::Client, nodes: NodeStore, namespace: &str) -> Self {
+        let cluster = KubeCluster::new(client, namespace, nodes.clone());
+        let operator = Operator::new(cluster).with_options(Options {
+            namespace: namespace.to_string(),
+        });
+        Self {
+            operator,
+            nodes,
+            published: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    fn cluster(&self) -> &KubeCluster {
+        self.operator.cluster()
+    }
+
+    async fn set_finalizers(
+        &self,
+        policy: &ClusterPolicy,
+        finalizers: Vec<String>,
+    ) -> Result<(), KubePassError> {
+        let api: Api<ClusterPolicy> = Api::all(self.cluster().client().clone());
+        // The resourceVersion makes this fail rather than clobber a concurrent change.
+        let body = serde_json::json!({
+            "metadata": {
+                "finalizers": finalizers,
+                "resourceVersion": policy.resource_version(),
+            }
+        });
+        api.patch_metadata(
+            &policy.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&body),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| KubePassError::Finalizer {
+            policy: policy.name_any(),
+            source,
+        })
+    }
+
+    /// Removes what the operator added: its node labels (leaving values
+    /// other agents or people set: `false`, and the operands switch) and every
+    /// owned object except the Namespace; then drops the finalizer.
+    async fn cleanup(&self, policy: &ClusterPolicy) -> Result<PassReport, KubePassError> {
+        let name = policy.name_any();
+        let fail = |during: String| {
+            let policy = name.clone();
+            move |source| KubePassError::Cleanup {
+                policy,
+                during,
+                source,
+            }
+        };
+        for node in self.nodes.state() {
+            let patch = cleanup_patch(node.labels());
+            if patch.is_empty() {
+                continue;
+            }
+            let node_name = node.name_any();
+            self.cluster()
+                .patch_node_labels(&node_name, &patch)
+                .await
+                .map_err(fail(format!("removing labels from node {node_name}")))?;
+        }
+        let owned = self
+            .cluster()
+            .list_owned()
+            .await
+            .map_err(fail("listing owned objects".into()))?;
+        for obj in owned {
+            if obj.kind() == "Namespace" {
+                continue;
+            }
+            let key = obj.key();
+            self.cluster()
+                .delete(&key)
+                .await
+                .map_err(fail(format!("deleting {key}")))?;
+        }
+        let rest: Vec<String> = policy
+            .finalizers()
+            .iter()
+            .filter(|f| f.as_str() != FINALIZER)
+            .cloned()
+            .collect();
+        self.set_finalizers(policy, rest).await?;
+        tracing::info!(policy = %name, "cleaned up after deleted ClusterPolicy");
+        Ok(PassReport {
+            status: ReconciliationStatus::ClusterPolicyUnavailable,
+            gpu_nodes: 0,
+            has_nfd_labels: false,
+            applied: 0,
+            unchanged: 0,
+            decisions: Vec::new(),
+            requeue_after: None,
+        })
+    }
+
+    /// Keeps only decisions not published before (by object, reason, note).
+    fn fresh(&self, all: Vec<(ObjectReference, Decision)>) -> Vec<(ObjectReference, Decision)> {
+        let Ok(mut seen) = self.published.lock() else {
+            return all;
+        };
+        all.into_iter()
+            .filter(|(r, d)| {
+                let key = (
+                    format!(
+                        "{}/{}",
+                        r.kind.clone().unwrap_or_default(),
+                        r.name.clone().unwrap_or_default()
+                    ),
+                    d.reason.clone(),
+                    d.note.clone(),
+                );
+                seen.insert(key)
+            })
+            .collect()
+    }
+}
+
+/// The label patch that undoes the operator's node labels.
+pub fn cleanup_patch(labels: &std::collections::BTreeMap<String, String>) -> LabelPatch {
+    labels
+        .iter()
+        .filter(|(k, v)| {
+            (k.as_str() == GPU_PRESENT
+                || (k.starts_with(DEPLOY_PREFIX) && k.as_str() != DEPLOY_OPERANDS))
+                && v.as_str() != "false"
+        })
+        .map(|(k, _)| (k.clone(), None))
+        .collect()
+}
+
+/// Decisions a person should see, derived from a pass.
+fn decisions(
+    policy: &ClusterPolicy,
+    report: &crate::operator::PassReport,
+) -> Vec<(ObjectReference, Decision)> {
+    let mut out = Vec::new();
+    let policy_ref = policy.object_ref(&());
+    if let Some(status) = &report.status {
+        for c in &status.conditions {
+            if c.type_ == "Error" && c.status == "True" {
+                out.push((
+                    policy_ref.clone(),
+                    Decision {
+                        severity: Severity::Warning,
+                        reason: c.reason.clone(),
+                        note: c.message.clone(),
+                        action: "Reconcile".into(),
+                    },
+                ));
+            }
+        }
+        if !status.unsupported_fields.is_empty() {
+            out.push((
+                policy_ref.clone(),
+                Decision {
+                    severity: Severity::Warning,
+                    reason: "UnsupportedFields".into(),
+                    note: format!(
+                        "these fields are not acted on by gpu-stack: {}",
+                        status.unsupported_fields.join(", ")
+                    ),
+                    action: "Reconcile".into(),
+                },
+            ));
+        }
+        for refused in &status.refused_nodes {
+            out.push((
+                policy_ref.clone(),
+                Decision {
+                    severity: Severity::Warning,
+                    reason: "DriverRefused".into(),
+                    note: format!("node {}: {}", refused.node, refused.reason),
+                    action: "SelectDriver".into(),
+                },
+            ));
+        }
+    }
+    out
+}
+
+fn status_of(report: &crate::operator::PassReport) -> ReconciliationStatus {
+    match report.status.as_ref().map(|s| s.state.as_str()) {
+        Some(state::READY) => ReconciliationStatus::Success,
+        Some(_) => ReconciliationStatus::NotReady,
+        None => ReconciliationStatus::ClusterPolicyUnavailable,
+    }
+}
+
+impl Pass for OperatorPass {
+    type Error = KubePassError;
+
+    async fn run(&self, policy: Arc<ClusterPolicy>) -> Result<PassReport, KubePassError> {
+        if policy.meta().deletion_timestamp.is_some() {
+            if policy.finalizers().iter().any(|f| f == FINALIZER) {
+                return self.cleanup(&policy).await;
+            }
+            return Ok(PassReport {
+                status: ReconciliationStatus::ClusterPolicyUnavailable,
+                gpu_nodes: 0,
+                has_nfd_labels: false,
+                applied: 0,
+                unchanged: 0,
+                decisions: Vec::new(),
+                requeue_after: None,
+            });
+        }
+        if !policy.finalizers().iter().any(|f| f == FINALIZER) {
+            let mut all = policy.finalizers().to_vec();
+            all.push(FINALIZER.to_string());
+            self.set_finalizers(&policy, all).await?;
+        }
+        self.cluster().set_owner(&policy);
+        let report = self.operator.reconcile_once().await?;
+        let nodes = self.nodes.state();
+        let gpu_nodes = nodes
+            .iter()
+            .filter(|n| {
+                NFD_GPU_LABELS
+                    .iter()
+                    .any(|l| n.labels().get(*l).is_some_and(|v| v == "true"))
+            })
+            .count();
+        let has_nfd = nodes
+            .iter()
+            .any(|n| n.labels().keys().any(|k| k.starts_with(NFD_PREFIX)));
+        let status = status_of(&report);
+        let mut decided = decisions(&policy, &report);
+        // Nodes whose operands another agent paused: say so once.
+        for n in nodes.iter() {
+            for (k, v) in n.labels() {
+                if k.starts_with(DEPLOY_PREFIX) && v.starts_with("paused-") {
+                    decided.push((
+                        ObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("Node".into()),
+                            name: Some(n.name_any()),
+                            uid: n.uid(),
+                            ..ObjectReference::default()
+                        },
+                        Decision {
+                            severity: Severity::Normal,
+                            reason: "OperandPaused".into(),
+                            note: format!("{k}={v}: operand left alone on this node"),
+                            action: "Reconcile".into(),
+                        },
+                    ));
+                }
+            }
+        }
+        Ok(PassReport {
+            status,
+            gpu_nodes: i64::try_from(gpu_nodes).unwrap_or(i64::MAX),
+            has_nfd_labels: has_nfd,
+            applied: (report.applied.len() + report.deleted.len() + report.labelled.len()) as u64,
+            unchanged: report.unchanged as u64,
+            decisions: self.fresh(decided),
+            requeue_after: match status {
+                ReconciliationStatus::NotReady => Some(NOT_READY_REQUEUE),
+                _ => None,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn cleanup_removes_only_operator_labels() {
+        let labels: BTreeMap<String, String> = [
+            (GPU_PRESENT, "true"),
+            ("nvidia.com/gpu.deploy.device-plugin", "true"),
+            ("nvidia.com/gpu.deploy.driver", "paused-for-driver-upgrade"),
+            ("nvidia.com/gpu.deploy.dcgm-exporter", "false"),
+            (DEPLOY_OPERANDS, "true"),
+            ("feature.node.kubernetes.io/pci-10de.present", "true"),
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let patch = cleanup_patch(&labels);
+        let removed: Vec<&str> = patch.keys().map(String::as_str).collect();
+        assert_eq!(
+            removed,
+            vec![
+                "nvidia.com/gpu.deploy.device-plugin",
+                "nvidia.com/gpu.deploy.driver",
+                GPU_PRESENT,
+            ]
+        );
+        assert!(patch.values().all(Option::is_none));
+    }
+}

@@ -1,0 +1,190 @@
+//! The operator process: HTTP endpoints, leader election, then the controller,
+//! until shutdown (SIGTERM) or loss of the lease.
+//!
+//! Order matters: the endpoints come up first so probes answer while a standby
+//! waits; only the leader starts watches; on shutdown the controller finishes
+//! the pass in flight, then the lease is released so the standby takes over at
+//! once instead of after the lease expires.
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kube::Client;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::client::counting_client;
+use super::events::EventPublisher;
+use super::ops::{self, Readiness};
+use super::{ControllerError, ControllerSettings, NodeStore, Pass, node_watch, run_controller};
+use crate::leader::{LeaderConfig, LeaderError, Leadership};
+use crate::operator_metrics::OperatorMetrics;
+
+/// Everything the operator process needs.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Namespace of the operator and its operands.
+    pub namespace: String,
+    /// This replica's identity (pod name) for the lease and Events.
+    pub identity: String,
+    /// Address of `/healthz`, `/readyz`, `/metrics`.
+    pub listen: SocketAddr,
+    /// Leader election; `None` runs without it (a single replica only).
+    pub leader: Option<LeaderConfig>,
+    /// Quiet period before a burst of triggers runs one pass.
+    pub debounce: Duration,
+}
+
+/// Why the operator process stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The HTTP endpoint address could not be bound.
+    #[error("cannot listen on {addr}: {source}; pick a free address with --listen")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kube client could not be built from the configuration.
+    #[error("cannot build a Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    /// Leader election failed.
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
+    /// Another replica took the lease while this one was acting.
+    #[error(
+        "lost the leader lease; exiting so that only the new leader acts (the pod is restarted \
+         and becomes a standby)"
+    )]
+    LostLease,
+    /// The controller could not start.
+    #[error(transparent)]
+    Controller(#[from] ControllerError),
+}
+
+/// Runs the operator until `shutdown` resolves (then returns `Ok`) or a fatal
+/// error. `make_pass` builds the operator logic over the client and the node
+/// metadata store once this replica leads.
+pub async fn run<P, F>(
+    config: kube::Config,
+    options: RunOptions,
+    make_pass: F,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError>
+where
+    P: Pass,
+    F: FnOnce(Client, NodeStore, &str) -> P,
+{
+    let metrics = OperatorMetrics::new();
+    let client = counting_client(config, metrics.clone()).map_err(RunError::Client)?;
+
+    // One watch channel fans the shutdown signal out to every task.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let listener = TcpListener::bind(options.listen)
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: options.listen,
+            source,
+        })?;
+    let readiness = Readiness::default();
+    let server = tokio::spawn(ops::serve(
+        listener,
+        metrics.clone(),
+        readiness.clone(),
+        stopped(stop_rx.clone()),
+    ));
+    tracing::info!(listen = %options.listen, "serving /healthz, /readyz, /metrics");
+
+    let mut leadership = match &options.leader {
+        Some(leader) => {
+            let mut l = Leadership::start(client.clone(), leader.clone()).await?;
+            // A standby is ready: it is healthy and waiting for its turn.
+            readiness.set(true);
+            tracing::info!(identity = %options.identity, lease = %leader.lease_name, "waiting for leadership");
+            tokio::select! {
+                acquired = l.acquired() => acquired?,
+                () = stopped(stop_rx.clone()) => {
+                    l.release().await?;
+                    let _ = server.await;
+                    return Ok(());
+                }
+            }
+            tracing::info!(identity = %options.identity, "acquired leadership");
+            Some(l)
+        }
+        None => {
+            readiness.set(true);
+            None
+        }
+    };
+    metrics.leader.set(1);
+
+    // The controller stops on shutdown or when the lease is lost.
+    let (lost_tx, lost_rx) = watch::channel(false);
+    let mut stop_for_controller = stop_rx.clone();
+    let mut lost_for_controller = lost_rx.clone();
+    let controller_stop = async move {
+        tokio::select! {
+            _ = stop_for_controller.wait_for(|s| *s) => {}
+            _ = lost_for_controller.wait_for(|l| *l) => {}
+        }
+    };
+    let mut watch_lease = leadership.as_ref().map(Leadership::subscribe);
+    tokio::spawn(async move {
+        if let Some(rx) = watch_lease.as_mut() {
+            let _ = rx.wait_for(|leader| !*leader).await;
+            let _ = lost_tx.send(true);
+        } else {
+            // No election: never lost; keep the sender alive until shutdown.
+            std::future::pending::<()>().await;
+        }
+    });
+
+    let (store, node_changes) = node_watch(client.clone());
+    let pass = make_pass(client.clone(), store, &options.namespace);
+    let events = EventPublisher::new(client.clone(), options.identity.clone());
+    let settings = ControllerSettings {
+        namespace: options.namespace.clone(),
+        debounce: options.debounce,
+    };
+    let result = run_controller(
+        client,
+        settings,
+        node_changes,
+        pass,
+        metrics.clone(),
+        events,
+        controller_stop,
+    )
+    .await;
+    metrics.leader.set(0);
+
+    let lost = *lost_rx.borrow() && !*stop_rx.borrow();
+    if lost {
+        return Err(RunError::LostLease);
+    }
+    if let Some(l) = leadership.take() {
+        if let Err(error) = l.release().await {
+            tracing::warn!(%error, "could not release the lease; the standby takes over when it expires");
+        } else {
+            tracing::info!("released the lease");
+        }
+    }
+    if result.is_err() {
+        server.abort();
+    } else {
+        let _ = server.await;
+    }
+    result?;
+    Ok(())
+}

@@ -1,0 +1,771 @@
+//! The `gpu-operator` binary against the real test control plane.
+//!
+//! The operator runs as separate processes (two replicas), authenticated with a
+//! token of the ServiceAccount that the Helm chart creates and bound by the
+//! chart's own RBAC, so a missing rule fails this test. One test function walks
+//! the scenarios in order because a ClusterPolicy is a cluster-wide singleton.
+//! Assertions look only at this test's nodes (unique name prefix): other
+//! tests may add nodes to the same cluster at the same time.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use gpu_stack_e2e::{
+    GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, unique_suffix, wait_for,
+};
+use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, CustomResourceExt, ResourceExt};
+
+const GPU_NODES: usize = 20;
+const CPU_NODES: usize = 5;
+const LONG: Duration = Duration::from_secs(120);
+const DEPLOY_DEVICE_PLUGIN: &str = "nvidia.com/gpu.deploy.device-plugin";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The operator binary built by `cargo test --workspace` (or `cargo build`).
+fn operator_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/operator_e2e-<hash> -> target/<profile>/gpu-operator
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| anyhow!("unexpected test binary location {}", exe.display()))?;
+    let bin = dir.join("gpu-operator");
+    ensure!(
+        bin.is_file(),
+        "{} is missing: build it with `cargo build -p gpu-stack-bins --bin gpu-operator` \
+         (`cargo xtask test` builds it)",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+fn helm() -> Result<PathBuf> {
+    let out = Command::new(repo_root().join("tools/helm/build.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running tools/helm/build.sh")?;
+    ensure!(out.status.success(), "tools/helm/build.sh failed");
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+/// Renders the chart and applies its ServiceAccount and RBAC documents.
+async fn install_chart_rbac(
+    client: &Client,
+    release: &str,
+    namespace: &str,
+) -> Result<Vec<DynamicObject>> {
+    let out = Command::new(helm()?)
+        .args(["template", release])
+        .arg(repo_root().join("deploy/helm/gpu-stack"))
+        .args([
+            "--namespace",
+            namespace,
+            "--set",
+            "clusterPolicy.deployCR=false",
+        ])
+        .output()
+        .context("helm template")?;
+    ensure!(
+        out.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    let mut applied = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        if value.is_null() {
+            continue;
+        }
+        let obj: DynamicObject = serde_json::from_value(value)?;
+        let types = obj
+            .types
+            .clone()
+            .ok_or_else(|| anyhow!("document without kind"))?;
+        let wanted = [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        ];
+        if !wanted.contains(&types.kind.as_str()) {
+            continue;
+        }
+        let gvk = GroupVersionKind::try_from(&types)?;
+        let ar = ApiResource::from_gvk(&gvk);
+        let api: Api<DynamicObject> = match obj.namespace() {
+            Some(ns) => Api::namespaced_with(client.clone(), &ns, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(
+            &obj.name_any(),
+            &PatchParams::apply("gpu-stack-e2e").force(),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .with_context(|| format!("applying {} {}", types.kind, obj.name_any()))?;
+        applied.push(obj);
+    }
+    ensure!(
+        applied.len() >= 5,
+        "the chart rendered only {} RBAC documents",
+        applied.len()
+    );
+    Ok(applied)
+}
+
+async fn delete_applied(client: &Client, objs: &[DynamicObject]) {
+    for obj in objs {
+        let Some(types) = obj.types.clone() else {
+            continue;
+        };
+        let Ok(gvk) = GroupVersionKind::try_from(&types) else {
+            continue;
+        };
+        let ar = ApiResource::from_gvk(&gvk);
+        let api: Api<DynamicObject> = match obj.namespace() {
+            Some(ns) => Api::namespaced_with(client.clone(), &ns, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        let _ = api.delete(&obj.name_any(), &DeleteParams::default()).await;
+    }
+}
+
+/// A kubeconfig for the test cluster that authenticates with `token`.
+fn token_kubeconfig(admin: &Path, token: &str, dir: &Path) -> Result<PathBuf> {
+    let mut kc = kube::config::Kubeconfig::read_from(admin)?;
+    for auth in &mut kc.auth_infos {
+        if let Some(info) = auth.auth_info.as_mut() {
+            *info = kube::config::AuthInfo {
+                token: Some(token.to_string().into()),
+                ..Default::default()
+            };
+        }
+    }
+    let path = dir.join("operator.kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&kc)?)?;
+    Ok(path)
+}
+
+struct Replica {
+    child: Child,
+    metrics: String,
+}
+
+impl Replica {
+    fn start(
+        bin: &Path,
+        kubeconfig: &Path,
+        namespace: &str,
+        identity: &str,
+        port: u16,
+    ) -> Result<Self> {
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(bin)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--namespace={namespace}"))
+            .arg(format!("--identity={identity}"))
+            .arg(format!("--listen={listen}"))
+            .arg(format!("--lease-name=gpu-stack-e2e-{namespace}"))
+            .args(["--lease-duration-seconds=6", "--renew-grace-seconds=2"])
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Self {
+            child,
+            metrics: format!("http://{listen}/metrics"),
+        })
+    }
+
+    fn sigterm(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+
+    fn sigkill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.sigkill();
+    }
+}
+
+/// Reads one metric value from a replica (plain HTTP over loopback).
+async fn metric(replica: &Replica, name: &str) -> Option<f64> {
+    let url = replica.metrics.trim_start_matches("http://");
+    let (addr, path) = url.split_once('/')?;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(
+            format!("GET /{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.ok()?;
+    body.lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+async fn policy_state(client: &Client, name: &str) -> Result<Option<ClusterPolicy>, kube::Error> {
+    Ok(Api::<ClusterPolicy>::all(client.clone())
+        .get_opt(name)
+        .await?)
+}
+
+async fn wait_policy(
+    client: &Client,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&ClusterPolicy) -> bool,
+) -> Result<ClusterPolicy> {
+    Ok(wait_for(what, LONG, || async {
+        Ok(policy_state(client, name)
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| pred(p)))
+    })
+    .await?)
+}
+
+fn node_label(n: &Node, key: &str) -> Option<String> {
+    n.labels().get(key).cloned()
+}
+
+async fn my_nodes(client: &Client, prefix: &str) -> Result<Vec<Node>, kube::Error> {
+    Ok(Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|n| n.name_any().starts_with(prefix))
+        .collect())
+}
+
+/// Names of this test's nodes running a Running pod of DaemonSet `ds`.
+async fn nodes_running(
+    client: &Client,
+    namespace: &str,
+    ds: &str,
+    prefix: &str,
+) -> Result<Vec<String>, kube::Error> {
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await?;
+    let mut out: Vec<String> = pods
+        .items
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|o| o.kind == "DaemonSet" && o.name == ds))
+        })
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+async fn daemonsets(client: &Client, namespace: &str) -> Result<Vec<DaemonSet>, kube::Error> {
+    Ok(Api::<DaemonSet>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await?
+        .items)
+}
+
+fn device_plugin_ds(all: &[DaemonSet]) -> Option<String> {
+    all.iter()
+        .map(ResourceExt::name_any)
+        .find(|n| n.contains("device-plugin"))
+}
+
+async fn apply_policy(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
+    let body = serde_json::json!({
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": { "name": name },
+        "spec": spec,
+    });
+    Api::<ClusterPolicy>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::apply("gpu-stack-e2e").force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+    Ok(())
+}
+
+fn has_condition(p: &ClusterPolicy, type_: &str, needle: &str) -> bool {
+    p.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == "True" && c.message.contains(needle))
+    })
+}
+
+fn is_ready(p: &ClusterPolicy) -> bool {
+    p.status.as_ref().is_some_and(|s| s.state == "ready")
+}
+
+async fn leader_count(replicas: &[&Replica]) -> usize {
+    let mut n = 0;
+    for r in replicas {
+        if metric(r, "gpu_stack_operator_leader").await == Some(1.0) {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_binary_on_a_real_cluster() -> Result<()> {
+    let cluster = TestCluster::attach().await?;
+    let admin = cluster.client();
+    let bin = operator_binary()?;
+    let suffix = unique_suffix();
+    let prefix = format!("op{suffix}");
+    let namespace = cluster.create_namespace("gpu-op").await?;
+    let release = format!("e2e{suffix}");
+    let tmp = std::env::temp_dir().join(format!("gpu-stack-op-e2e-{suffix}"));
+    std::fs::create_dir_all(&tmp)?;
+
+    // CRD install (the generated one), and the chart's ServiceAccount and RBAC.
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    crds.patch(
+        "clusterpolicies.nvidia.com",
+        &PatchParams::apply("gpu-stack-e2e").force(),
+        &Patch::Apply(&ClusterPolicy::crd()),
+    )
+    .await?;
+    wait_for("ClusterPolicy CRD established", LONG, || async {
+        let crd = crds.get("clusterpolicies.nvidia.com").await?;
+        Ok(crd
+            .status
+            .and_then(|s| s.conditions)
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            })
+            .then_some(()))
+    })
+    .await?;
+    let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
+    let sa = rbac
+        .iter()
+        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "ServiceAccount"))
+        .map(ResourceExt::name_any)
+        .ok_or_else(|| anyhow!("the chart has no ServiceAccount"))?;
+    let token = Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
+        .create_token_request(
+            &sa,
+            &PostParams::default(),
+            &TokenRequest {
+                spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+                    expiration_seconds: Some(3600),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await?
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| anyhow!("no token in TokenRequest answer"))?;
+    let kubeconfig = token_kubeconfig(cluster.kubeconfig(), &token, &tmp)?;
+
+    let result = scenarios(&cluster, &admin, &bin, &kubeconfig, &namespace, &prefix).await;
+
+    // Teardown, whatever happened.
+    let _ = Api::<ClusterPolicy>::all(admin.clone())
+        .delete("cluster-policy", &DeleteParams::default())
+        .await;
+    let names: Vec<String> = my_nodes(&admin, &prefix)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    let _ = cluster.delete_nodes(&names).await;
+    delete_applied(&admin, &rbac).await;
+    let _ = cluster.delete_namespace(&namespace).await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+async fn scenarios(
+    cluster: &TestCluster,
+    admin: &Client,
+    bin: &Path,
+    kubeconfig: &Path,
+    namespace: &str,
+    prefix: &str,
+) -> Result<()> {
+    // 20 GPU nodes and 5 CPU-only nodes.
+    let gpu_names = cluster
+        .create_gpu_nodes(&GpuFleet::new(format!("{prefix}-gpu"), GPU_NODES))
+        .await?;
+    let nodes_api: Api<Node> = Api::all(admin.clone());
+    for i in 0..CPU_NODES {
+        let mut n = fake_gpu_node(&format!("{prefix}-cpu-{i}"), 0, &BTreeMap::new());
+        if let Some(l) = n.metadata.labels.as_mut() {
+            l.remove(NFD_NVIDIA_PCI_LABEL);
+        }
+        if let Some(s) = n.status.as_mut() {
+            s.capacity = None;
+            s.allocatable = None;
+        }
+        nodes_api.create(&PostParams::default(), &n).await?;
+    }
+
+    // Two replicas: exactly one leads.
+    let mut a = Replica::start(bin, kubeconfig, namespace, "replica-a", free_port()?)?;
+    let mut b = Replica::start(bin, kubeconfig, namespace, "replica-b", free_port()?)?;
+    wait_for("exactly one leader", LONG, || async {
+        Ok((leader_count(&[&a, &b]).await == 1).then_some(()))
+    })
+    .await?;
+    let lease = Api::<Lease>::namespaced(admin.clone(), namespace)
+        .get(&format!("gpu-stack-e2e-{namespace}"))
+        .await?;
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    ensure!(
+        holder == "replica-a" || holder == "replica-b",
+        "lease holder is {holder:?}"
+    );
+
+    // ClusterPolicy → labels, DaemonSets, pods on exactly the GPU nodes, ready.
+    apply_policy(
+        admin,
+        "cluster-policy",
+        serde_json::json!({
+            "operator": { "defaultRuntime": "containerd" },
+            "driver": { "enabled": true },
+            "dcgmExporter": { "enabled": true },
+            "migManager": { "enabled": true },
+            "sandboxWorkloads": { "enabled": false },
+        }),
+    )
+    .await?;
+    wait_policy(admin, "cluster-policy", "ClusterPolicy ready", is_ready).await?;
+    let nodes = my_nodes(admin, prefix).await?;
+    for n in &nodes {
+        let gpu = n.name_any().contains("-gpu-");
+        ensure!(
+            (node_label(n, "nvidia.com/gpu.present").as_deref() == Some("true")) == gpu,
+            "node {} gpu.present label is {:?}",
+            n.name_any(),
+            node_label(n, "nvidia.com/gpu.present")
+        );
+    }
+    let ds_all = daemonsets(admin, namespace).await?;
+    ensure!(!ds_all.is_empty(), "no DaemonSets in {namespace}");
+    let plugin = device_plugin_ds(&ds_all).ok_or_else(|| anyhow!("no device-plugin DaemonSet"))?;
+    let mut expected = gpu_names.clone();
+    expected.sort();
+    let running = wait_for("device plugin pods on the GPU nodes", LONG, || async {
+        let r = nodes_running(admin, namespace, &plugin, prefix).await?;
+        Ok((r == expected).then_some(r))
+    })
+    .await?;
+    ensure!(running.iter().all(|n| n.contains("-gpu-")));
+    // Owner references: everything namespaced we created points at the policy.
+    for ds in &ds_all {
+        ensure!(
+            ds.owner_references()
+                .iter()
+                .any(|o| o.kind == "ClusterPolicy"),
+            "DaemonSet {} has no owner reference to the ClusterPolicy",
+            ds.name_any()
+        );
+    }
+
+    // A node joins → labelled and served.
+    let joined = cluster
+        .create_gpu_nodes(&GpuFleet::new(format!("{prefix}-gpu-late"), 1))
+        .await?;
+    wait_for("joined node served", LONG, || async {
+        Ok(nodes_running(admin, namespace, &plugin, prefix)
+            .await?
+            .contains(&joined[0])
+            .then_some(()))
+    })
+    .await?;
+
+    // paused-for-mig-change → left alone, its pod goes away.
+    let paused = gpu_names[0].clone();
+    nodes_api
+        .patch(
+            &paused,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: "paused-for-mig-change"}}})),
+        )
+        .await?;
+    wait_for("paused node's plugin pod gone", LONG, || async {
+        Ok((!nodes_running(admin, namespace, &plugin, prefix)
+            .await?
+            .contains(&paused))
+        .then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let label = node_label(&nodes_api.get(&paused).await?, DEPLOY_DEVICE_PLUGIN);
+    ensure!(
+        label.as_deref() == Some("paused-for-mig-change"),
+        "the operator overwrote the paused label: {label:?}"
+    );
+
+    // A component disabled → its DaemonSet deleted.
+    let exporter = ds_all
+        .iter()
+        .map(ResourceExt::name_any)
+        .find(|n| n.contains("dcgm-exporter"))
+        .ok_or_else(|| anyhow!("no dcgm-exporter DaemonSet"))?;
+    apply_policy(
+        admin,
+        "cluster-policy",
+        serde_json::json!({
+            "driver": { "enabled": true },
+            "dcgmExporter": { "enabled": false },
+            "migManager": { "enabled": true },
+        }),
+    )
+    .await?;
+    wait_for("dcgm-exporter DaemonSet deleted", LONG, || async {
+        Ok((!daemonsets(admin, namespace)
+            .await?
+            .iter()
+            .any(|d| d.name_any() == exporter))
+        .then_some(()))
+    })
+    .await?;
+
+    // An invalid field → status Error naming the field, nothing else changed.
+    let before: Vec<(String, String)> = daemonsets(admin, namespace)
+        .await?
+        .iter()
+        .map(|d| (d.name_any(), d.resource_version().unwrap_or_default()))
+        .collect();
+    apply_policy(
+        admin,
+        "cluster-policy",
+        serde_json::json!({
+            "driver": { "enabled": true },
+            "dcgmExporter": { "enabled": false },
+            "migManager": { "enabled": true },
+            "mig": { "strategy": "sideways" },
+        }),
+    )
+    .await?;
+    wait_policy(
+        admin,
+        "cluster-policy",
+        "Error naming spec.mig.strategy",
+        |p| has_condition(p, "Error", "mig.strategy"),
+    )
+    .await?;
+    let after: Vec<(String, String)> = daemonsets(admin, namespace)
+        .await?
+        .iter()
+        .map(|d| (d.name_any(), d.resource_version().unwrap_or_default()))
+        .collect();
+    ensure!(
+        before == after,
+        "DaemonSets changed under an invalid policy"
+    );
+
+    // An impossible driver for a pool → refused for that pool only.
+    let old_pool = cluster
+        .create_gpu_nodes(
+            &GpuFleet::new(format!("{prefix}-k80"), 2)
+                .with_label("nvidia.com/gpu.product", "Tesla-K80")
+                .with_label("feature.node.kubernetes.io/system-os_release.ID", "rhel")
+                .with_label(
+                    "feature.node.kubernetes.io/system-os_release.VERSION_ID",
+                    "9.4",
+                )
+                .with_label(
+                    "feature.node.kubernetes.io/system-os_release.VERSION_ID.major",
+                    "9",
+                ),
+        )
+        .await?;
+    apply_policy(
+        admin,
+        "cluster-policy",
+        serde_json::json!({
+            "driver": { "enabled": true, "version": "580.95.05" },
+            "dcgmExporter": { "enabled": false },
+            "migManager": { "enabled": true },
+        }),
+    )
+    .await?;
+    let refused = wait_policy(
+        admin,
+        "cluster-policy",
+        "driver refused for the K80 pool",
+        |p| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| !s.refused_nodes.is_empty())
+        },
+    )
+    .await?;
+    let refused: Vec<String> = refused
+        .status
+        .map(|s| s.refused_nodes.into_iter().map(|r| r.node).collect())
+        .unwrap_or_default();
+    let mut want = old_pool.clone();
+    want.sort();
+    let mut got: Vec<String> = refused
+        .into_iter()
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    got.sort();
+    ensure!(
+        got == want,
+        "refused nodes {got:?}, expected only the K80 pool {want:?}"
+    );
+
+    // SIGKILL the leader mid-reconcile: change the policy and kill at once.
+    let (leader, standby) = if metric(&a, "gpu_stack_operator_leader").await == Some(1.0) {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    apply_policy(
+        admin,
+        "cluster-policy",
+        serde_json::json!({
+            "driver": { "enabled": true, "version": "580.95.05" },
+            "dcgmExporter": { "enabled": true },
+            "migManager": { "enabled": true },
+        }),
+    )
+    .await?;
+    leader.sigkill();
+    wait_for("standby takes over", LONG, || async {
+        Ok((metric(standby, "gpu_stack_operator_leader").await == Some(1.0)).then_some(()))
+    })
+    .await?;
+    wait_for("dcgm-exporter back after failover", LONG, || async {
+        Ok(daemonsets(admin, namespace)
+            .await?
+            .iter()
+            .any(|d| d.name_any() == exporter)
+            .then_some(()))
+    })
+    .await?;
+    // No duplicates or orphans: every DaemonSet is owned and names are unique.
+    let ds_now = daemonsets(admin, namespace).await?;
+    let mut names: Vec<String> = ds_now.iter().map(ResourceExt::name_any).collect();
+    let count = names.len();
+    names.sort();
+    names.dedup();
+    ensure!(names.len() == count, "duplicate DaemonSets: {names:?}");
+    for ds in &ds_now {
+        ensure!(
+            ds.owner_references()
+                .iter()
+                .any(|o| o.kind == "ClusterPolicy"),
+            "orphaned DaemonSet {}",
+            ds.name_any()
+        );
+    }
+    // Restart the killed replica: it becomes a standby; still one leader.
+    let restarted = Replica::start(bin, kubeconfig, namespace, "replica-c", free_port()?)?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        leader_count(&[standby, &restarted]).await == 1,
+        "not exactly one leader after restart"
+    );
+
+    // ClusterPolicy deleted → everything we created is gone.
+    Api::<ClusterPolicy>::all(admin.clone())
+        .delete("cluster-policy", &DeleteParams::default())
+        .await?;
+    wait_for("ClusterPolicy gone", LONG, || async {
+        Ok(policy_state(admin, "cluster-policy")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    wait_for("owned DaemonSets gone", LONG, || async {
+        Ok(daemonsets(admin, namespace).await?.is_empty().then_some(()))
+    })
+    .await?;
+    for n in my_nodes(admin, prefix).await? {
+        let ours: Vec<&String> = n
+            .labels()
+            .keys()
+            .filter(|k| {
+                k.as_str() == "nvidia.com/gpu.present"
+                    || (k.starts_with("nvidia.com/gpu.deploy.")
+                        && n.labels().get(*k).map(String::as_str) != Some("false"))
+            })
+            .collect();
+        if n.name_any() == paused {
+            continue;
+        }
+        if !ours.is_empty() {
+            bail!("node {} still has operator labels {ours:?}", n.name_any());
+        }
+    }
+
+    // SIGTERM: a clean exit.
+    let mut standby_owned = std::mem::replace(
+        standby,
+        Replica {
+            child: Command::new("true").spawn()?,
+            metrics: String::new(),
+        },
+    );
+    standby_owned.sigterm();
+    let status = wait_for("operator exits on SIGTERM", Duration::from_secs(30), || {
+        let s = standby_owned.child.try_wait().ok().flatten();
+        async move { Ok(s) }
+    })
+    .await?;
+    ensure!(status.success(), "operator exited with {status} on SIGTERM");
+    drop(restarted);
+    Ok(())
+}
