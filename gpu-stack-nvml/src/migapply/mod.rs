@@ -68,7 +68,7 @@ impl Default for ApplyOptions {
 pub enum ApplyError {
     /// The config cannot be applied to these GPUs; nothing was changed.
     #[error("{0}; nothing was changed")]
-    Select(#[from] SelectError),
+    Select(SelectError),
     /// Instances the change would destroy have running processes.
     #[error(
         "refusing to destroy busy MIG instances: {}; stop those workloads or pass --force; nothing was changed",
@@ -109,6 +109,12 @@ pub enum ApplyError {
         /// Rounds run.
         rounds: u32,
     },
+}
+
+impl From<SelectError> for ApplyError {
+    fn from(e: SelectError) -> Self {
+        ApplyError::Select(e)
+    }
 }
 
 fn list(b: &[BusyInstance]) -> String {
