@@ -107,6 +107,36 @@ pub enum MigCommand {
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
+    /// Apply a named mig-parted config to the GPUs of a node (minimal change).
+    Apply {
+        /// Config file, config name, backend and output.
+        #[command(flatten)]
+        args: super::mig_apply::ConfigArgs,
+        /// Destroy instances even when processes run on them.
+        #[arg(long)]
+        force: bool,
+        /// Only switch MIG modes.
+        #[arg(long)]
+        mode_only: bool,
+    },
+    /// Exit 0 when the GPUs already match a named mig-parted config, 1 when not.
+    Assert {
+        /// Config file, config name, backend and output.
+        #[command(flatten)]
+        args: super::mig_apply::ConfigArgs,
+    },
+    /// Print the GPUs' current MIG layout as a mig-parted config.
+    Export {
+        /// GPU backend.
+        #[command(flatten)]
+        backend: super::mig_apply::BackendArgs,
+        /// Name of the config written.
+        #[arg(long, default_value = "current")]
+        name: String,
+        /// Output format (table = YAML).
+        #[arg(short, long, value_enum, default_value_t)]
+        output: super::mig_apply::Output,
+    },
     /// Parse a mig-parted config file and check every config against GPUs:
     /// exit 0 when the file parses.
     CheckConfig {
@@ -148,6 +178,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
             demand,
             output,
         } => plan(&fleet, &demand, output),
+        MigCommand::Apply {
+            args,
+            force,
+            mode_only,
+        } => super::mig_apply::apply(args, force, mode_only),
+        MigCommand::Assert { args } => super::mig_apply::assert(args),
+        MigCommand::Export {
+            backend,
+            name,
+            output,
+        } => super::mig_apply::export(backend, &name, output),
         MigCommand::CheckConfig {
             file,
             model,
