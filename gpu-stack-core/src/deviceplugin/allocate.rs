@@ -119,6 +119,10 @@ fn set_score(set: &[&DeviceInfo], nvlinks: &NvlinkMap) -> (usize, usize) {
     (numa.len(), links)
 }
 
+/// Score of a full-GPU set: NUMA nodes spanned (fewer is better), then NVLink
+/// pairs (more is better).
+type SetKey = (usize, std::cmp::Reverse<usize>);
+
 fn pick_full_gpus<'a>(
     chosen: &[&'a DeviceInfo],
     candidates: &[&'a DeviceInfo],
@@ -132,11 +136,11 @@ fn pick_full_gpus<'a>(
     } else {
         vec![None]
     };
-    let mut best: Option<((usize, std::cmp::Reverse<usize>), Vec<usize>)> = None;
+    let mut best: Option<(SetKey, Vec<usize>)> = None;
     for start in starts {
         let mut picked: Vec<usize> = start.into_iter().collect();
         while picked.len() < want {
-            let mut step: Option<((usize, std::cmp::Reverse<usize>), usize)> = None;
+            let mut step: Option<(SetKey, usize)> = None;
             for (i, _) in candidates.iter().enumerate() {
                 if picked.contains(&i) {
                     continue;

@@ -415,8 +415,12 @@ mod tests {
                     1 => { t.apply(&xid(G, 13), now); }
                     _ => { t.apply(&HealthEvent::Cleared { uuid: G.into() }, now); if last_critical.is_some() { cleared_after = true; } }
                 }
-                if let Some(lc) = last_critical {
-                    if cleared_after && now - lc >= quiet { last_critical = None; cleared_after = false; }
+                if let Some(lc) = last_critical
+                    && cleared_after
+                    && now - lc >= quiet
+                {
+                    last_critical = None;
+                    cleared_after = false;
                 }
             }
             now += extra;

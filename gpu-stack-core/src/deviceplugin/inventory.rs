@@ -217,11 +217,9 @@ impl NodeGpus {
                                 format!("{}c.{}", ci.slice_count, gi.profile_name)
                             };
                             let sms = prof.map_or(0, |p| {
-                                if p.slice_count == 0 {
-                                    p.multiprocessor_count
-                                } else {
-                                    p.multiprocessor_count * ci.slice_count / p.slice_count
-                                }
+                                (p.multiprocessor_count * ci.slice_count)
+                                    .checked_div(p.slice_count)
+                                    .unwrap_or(p.multiprocessor_count)
                             });
                             mig_devices.push(MigDevice {
                                 index: u32::try_from(mig_devices.len()).unwrap_or(u32::MAX),
