@@ -142,19 +142,25 @@ fn test(layout: &Layout) -> Result<ExitCode> {
 
     let outcome = procs::run_interruptible(
         Command::new(cargo_bin())
-            .args(["test", "--workspace", "--all-targets"])
+            // Run every test binary even after a failure, so one run reports all.
+            .args(["test", "--workspace", "--all-targets", "--no-fail-fast"])
             .env("KUBECONFIG", &kubeconfig)
             .env(layout::E2E_KUBECONFIG_ENV, &kubeconfig),
     );
 
+    let owned_cluster = owned.is_some();
     if let Some(cluster) = owned {
-        if !matches!(outcome, Ok(true)) {
+        if !matches!(outcome, Ok(true)) && !procs::interrupted() {
             cluster.print_log_tails(20);
         }
         cluster.stop().context("tearing down the test cluster")?;
     }
     if procs::interrupted() {
-        eprintln!("interrupted; the test cluster was torn down");
+        if owned_cluster {
+            eprintln!("interrupted; the test cluster was torn down");
+        } else {
+            eprintln!("interrupted");
+        }
         return Ok(ExitCode::from(130));
     }
     match outcome.context("running `cargo test --workspace --all-targets`")? {
