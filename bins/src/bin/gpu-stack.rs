@@ -20,6 +20,8 @@ enum Command {
     Gpus(cli::gpus::Args),
     /// Run the operator and node agents against an in-memory cluster and simulated GPUs.
     Demo(cli::demo::Args),
+    /// Print the ClusterPolicy CRD (YAML) generated from the Rust types.
+    Crdgen(cli::crdgen::Args),
 }
 
 fn main() -> ExitCode {
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
         Command::Mig(args) => cli::mig::run(args),
         Command::Gpus(args) => cli::gpus::run(args),
         Command::Demo(args) => cli::demo::run(args),
+        Command::Crdgen(args) => cli::crdgen::run(args),
     };
     match result {
         Ok(code) => code,

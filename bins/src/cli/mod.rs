@@ -1,4 +1,5 @@
 //! Subcommands of `gpu-stack`.
+pub mod crdgen;
 pub mod demo;
 pub mod gpus;
 pub mod mig;

@@ -754,13 +754,16 @@ mod tests {
         let a100 = gpu("NVIDIA A100", "ampere");
         use KernelModuleType::*;
         assert_eq!(
-            resolve_module_type(Auto, Some(550), &[a100.clone()]),
+            resolve_module_type(Auto, Some(550), std::slice::from_ref(&a100)),
             Proprietary
         );
-        assert_eq!(resolve_module_type(Auto, Some(570), &[a100.clone()]), Open);
+        assert_eq!(
+            resolve_module_type(Auto, Some(570), std::slice::from_ref(&a100)),
+            Open
+        );
         assert_eq!(resolve_module_type(Auto, Some(550), &[b200]), Open);
         assert_eq!(
-            resolve_module_type(Proprietary, Some(620), &[a100.clone()]),
+            resolve_module_type(Proprietary, Some(620), std::slice::from_ref(&a100)),
             Open
         );
         assert_eq!(resolve_module_type(Auto, None, &[a100]), Auto);

@@ -802,10 +802,8 @@ impl ClusterPolicySpec {
                 section(section_name(c), &spec.extra);
             }
         }
-        if let Some(d) = &self.dcgm {
-            if d.enabled == Some(true) {
-                out.push("spec.dcgm.enabled".into());
-            }
+        if self.dcgm.as_ref().and_then(|d| d.enabled) == Some(true) {
+            out.push("spec.dcgm.enabled".into());
         }
         if self.driver.as_ref().and_then(|d| d.use_nvidia_driver_crd) == Some(true) {
             out.push("spec.driver.useNvidiaDriverCRD".into());

@@ -447,19 +447,21 @@ pub fn desired_state(
     }
     .into();
     status.conditions = match &error {
-        Some((r, m)) => vec![
-            condition(
-                "Ready",
-                false,
-                if ready_reason_is_error(reason_) {
-                    r
-                } else {
-                    reason_
-                },
-                message,
-            ),
-            condition("Error", true, r, m.clone()),
-        ],
+        Some((r, m)) => {
+            // When operands are otherwise fine, the error explains "not ready".
+            let (rr, rm) = if reason_ == reason::RECONCILED {
+                (
+                    *r,
+                    format!("operands are ready, but {}", lowercase_first(m)),
+                )
+            } else {
+                (reason_, message)
+            };
+            vec![
+                condition("Ready", false, rr, rm),
+                condition("Error", true, r, m.clone()),
+            ]
+        }
         None => vec![
             condition("Ready", ready, reason_, message),
             condition("Error", false, reason::RECONCILED, String::new()),
@@ -477,9 +479,12 @@ pub fn desired_state(
     }
 }
 
-fn ready_reason_is_error(r: &str) -> bool {
-    // When operands are otherwise fine, the error reason explains "not ready".
-    r == reason::RECONCILED
+fn lowercase_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_lowercase().chain(c).collect(),
+        None => String::new(),
+    }
 }
 
 /// Merges condition times: a condition whose status did not change keeps its
