@@ -7,14 +7,17 @@
 #     own gpu_exporter_scrape_duration_seconds histogram)
 #   - bytes per scrape, CPU per scrape, steady-state RSS
 # Everything listens on 127.0.0.1 or a unix socket in a temp dir; every loop is
-# bounded. Usage: scripts/bench-exporter.sh [SCRAPES]   (default 2000)
+# bounded. Usage: scripts/bench-exporter.sh [SCRAPES]   (default 2000;
+# SKIP_BUILD=1 uses the release binaries already built)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SCRAPES="${1:-2000}"
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-cargo build --release -q -p gpu-stack-bins --bin gpu-exporter
-cargo build --release -q -p gpu-stack-k8s --example podresources_standin
+if [ -z "${SKIP_BUILD:-}" ]; then
+  cargo build --release -q -p gpu-stack-bins --bin gpu-exporter
+  cargo build --release -q -p gpu-stack-k8s --example podresources_standin
+fi
 EXPORTER="$TARGET_DIR/release/gpu-exporter"
 STANDIN="$TARGET_DIR/release/examples/podresources_standin"
 
@@ -74,9 +77,9 @@ ticks() { awk '{print $14 + $15}' "/proc/$EXP_PID/stat"; }
 CLK=$(getconf CLK_TCK)
 T0=$(ticks)
 # One curl process for all scrapes (keep-alive), timing each transfer.
-urls=()
-for _ in $(seq 1 "$SCRAPES"); do urls+=("$URL"); done
-curl -s -o /dev/null -w '%{time_total}\n' "${urls[@]}" > "$WORK/e2e.txt"
+args=()
+for _ in $(seq 1 "$SCRAPES"); do args+=(-o /dev/null "$URL"); done
+curl -s -w '%{time_total}\n' "${args[@]}" > "$WORK/e2e.txt"
 T1=$(ticks)
 RSS_KB=$(awk '/^VmRSS/ {print $2}' "/proc/$EXP_PID/status")
 HWM_KB=$(awk '/^VmHWM/ {print $2}' "/proc/$EXP_PID/status")
