@@ -393,3 +393,52 @@ async fn plugin_restart_is_seen_by_the_kubelet() {
     plugin.stop().await;
     kubelet.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_slicing_advertises_replicas_and_allocates_the_physical_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = KubeletStandin::start(dir.path()).await.unwrap();
+    let file = gpu_stack_core::deviceplugin::ConfigFile::parse(
+        "ts.yaml",
+        "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n",
+    )
+    .unwrap();
+    let settings = Settings::resolve(Some(&file), &Overrides::default()).unwrap();
+    let (plugin, node) = start_plugin(dir.path(), backend(), settings, 60_000);
+    let v = kubelet
+        .wait_for("shared resource", WAIT, |v| {
+            registered(v, "nvidia.com/gpu.shared", 1)
+        })
+        .await
+        .unwrap();
+    assert_eq!(v.devices["nvidia.com/gpu.shared"].len(), 8 * 4);
+    let reg = v
+        .registrations
+        .iter()
+        .find(|r| r.resource == "nvidia.com/gpu.shared")
+        .unwrap();
+    assert_eq!(reg.endpoint, "nvidia-gpu.shared.sock");
+    let u = &node.gpus[3].uuid;
+    let r = kubelet
+        .allocate(
+            "nvidia.com/gpu.shared",
+            &[format!("{u}::0"), format!("{u}::2")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        &r.envs["NVIDIA_VISIBLE_DEVICES"], u,
+        "replicas collapse to their GPU"
+    );
+    // distributed policy: two replicas land on two different GPUs
+    let avail = kubelet.view().healthy("nvidia.com/gpu.shared");
+    let got = kubelet
+        .preferred("nvidia.com/gpu.shared", &avail, &[], 2)
+        .await
+        .unwrap();
+    let gpus: std::collections::BTreeSet<&str> =
+        got.iter().map(|i| i.split("::").next().unwrap()).collect();
+    assert_eq!(gpus.len(), 2);
+    plugin.stop().await;
+    kubelet.stop().await;
+}
