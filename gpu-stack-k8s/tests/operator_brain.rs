@@ -540,3 +540,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn run_loop_reconciles_on_each_trigger_and_stops_when_triggers_end() {
+    let cluster = InMemoryCluster::new();
+    cluster.upsert_policy(policy("cp", serde_json::json!({}), 0));
+    let op = Operator::new(cluster);
+    let mut reports = Vec::new();
+    // Two triggers: a node joins between them.
+    let triggers = futures::stream::iter(vec![(), ()]);
+    block_on(op.run(triggers, |r| {
+        reports.push(r.unwrap());
+    }));
+    assert_eq!(reports.len(), 3);
+    for n in fleet_nodes(MIXED) {
+        op.cluster().upsert_node(n);
+    }
+    // Nodes joined after the loop ended: the next pass picks them up, then settles.
+    let r = block_on(op.reconcile_once()).unwrap();
+    assert_eq!(r.labelled.len(), 4);
+    assert!(
+        r.applied
+            .iter()
+            .any(|k| k.name == "nvidia-driver-daemonset-rhel9")
+    );
+    let r = block_on(op.reconcile_once()).unwrap();
+    assert!(!r.changed(), "{r:?}");
+}
