@@ -9,6 +9,9 @@
 //! the next pass after the reboot resumes). The pause record lives on the node,
 //! so a pass killed at any point is finished by the next one.
 
+pub mod agent;
+pub mod kube_node;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
