@@ -381,7 +381,8 @@ impl GpuBackend for NvmlBackend {
     fn gpu_instance_profiles(&self, gpu: u32) -> Result<Vec<GpuInstanceProfile>, BackendError> {
         let dev = self.device(gpu)?;
         // A GPU without MIG answers "not supported", not an empty list.
-        dev.mig_mode().map_err(|e| map_err(e, gpu, "MIG profiles"))?;
+        dev.mig_mode()
+            .map_err(|e| map_err(e, gpu, "MIG profiles"))?;
         let h = Self::handle(&dev);
         self.profiles(gpu, &dev)?
             .into_iter()
