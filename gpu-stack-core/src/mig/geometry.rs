@@ -224,12 +224,9 @@ impl MigGeometry {
 
     /// Index into `gi_profiles` of the profile a name denotes on this GPU.
     pub fn resolve_index(&self, name: &MigProfileName) -> Option<usize> {
-        self.gi_profiles.iter().position(|p| {
-            p.name.gpu_slices() == name.gpu_slices()
-                && p.name.memory_gb() == name.memory_gb()
-                && p.name.is_negative() == name.is_negative()
-                && p.name.attributes() == name.attributes()
-        })
+        self.gi_profiles
+            .iter()
+            .position(|p| p.name.same_gpu_instance(name))
     }
 
     /// A profile by device GI profile id.

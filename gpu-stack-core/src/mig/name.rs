@@ -129,6 +129,16 @@ impl MigProfileName {
         }
     }
 
+    /// Whether both names denote the same GPU-instance profile on one GPU:
+    /// equal apart from the `<C>c.` prefix. Profile resolution uses this.
+    #[inline]
+    pub(crate) fn same_gpu_instance(&self, other: &MigProfileName) -> bool {
+        self.gpu_slices == other.gpu_slices
+            && self.memory_gb == other.memory_gb
+            && self.negative == other.negative
+            && self.attributes == other.attributes
+    }
+
     /// The media variant the attributes select.
     pub fn media_variant(&self) -> MediaVariant {
         let has = |a: &str| self.attributes.iter().any(|x| x == a);

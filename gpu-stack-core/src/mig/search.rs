@@ -508,27 +508,272 @@ fn enumerate(
 ) -> Result<Vec<Vec<PlacedInstance>>, EnumerateError> {
     let compiled = Compiled::new(geometry)?;
     let cands = selected_cands(geometry, &compiled, profiles)?;
+    let insts: Vec<PlacedInstance> = cands.iter().map(|c| to_instance(geometry, c)).collect();
     let mut out = Vec::new();
-    let mut chosen = Vec::new();
-    enum_dfs(
-        &compiled,
-        &cands,
-        0,
-        &State::EMPTY,
-        &mut chosen,
-        maximal,
-        &mut |layout: &[usize]| {
-            out.push(
-                layout
-                    .iter()
-                    .map(|&i| to_instance(geometry, &cands[i]))
-                    .collect(),
+    let mut emit = |layout: &[usize]| {
+        out.push(layout.iter().map(|&i| insts[i].clone()).collect());
+    };
+    let mut chosen = Vec::with_capacity(cands.len());
+    match CandBits::new(&compiled, &cands) {
+        Some(bits) => {
+            let addable = bits.initial(&compiled, &State::EMPTY);
+            bits.dfs(
+                &compiled,
+                0,
+                addable,
+                &State::EMPTY,
+                &mut chosen,
+                maximal,
+                &mut emit,
             );
-        },
-    );
+        }
+        None => enum_dfs(
+            &compiled,
+            &cands,
+            0,
+            &State::EMPTY,
+            &mut chosen,
+            maximal,
+            &mut emit,
+        ),
+    }
     Ok(out)
 }
 
+/// The candidates of an enumeration as bit sets (bit `i` is `cands[i]`), so
+/// the set of candidates that can still join a layout is updated with a few
+/// mask operations per added instance instead of re-checking every rule for
+/// every candidate. Used when there are at most 64 candidates (every shipping
+/// GPU); [`enum_dfs`] handles the rest.
+struct CandBits<'a> {
+    cands: &'a [Cand],
+    /// Per candidate: the candidates sharing a memory slice with it (itself included).
+    overlap: Vec<u64>,
+    /// Per profile index: its candidates.
+    of_prof: Vec<u64>,
+    /// `[k]`: candidates using at most `k` compute slices (last entry: all).
+    compute_fit: Vec<u64>,
+    /// `[k]`: candidates holding at most `k` optical-flow engines (last entry: all).
+    ofa_fit: Vec<u64>,
+    /// Candidates of `+me.all` profiles.
+    me_all: u64,
+    /// Candidates of profiles that are not `-me`.
+    not_no_me: u64,
+    /// Per candidate: the candidates whose addition alone can make it
+    /// unaddable through a pairwise rule (memory, per-profile maximum,
+    /// media-engine rules, optical-flow budget). Totals are bounded separately.
+    related: Vec<u64>,
+    /// Most compute slices per memory slice of any candidate, as a fraction.
+    ratio_num: u64,
+    ratio_den: u64,
+    /// Fewest memory slices of any candidate.
+    min_size: u64,
+}
+
+impl<'a> CandBits<'a> {
+    fn new(c: &Compiled, cands: &'a [Cand]) -> Option<CandBits<'a>> {
+        if cands.len() > 64 {
+            return None;
+        }
+        let bit = |i: usize| 1u64 << i;
+        let prof = |cand: &Cand| &c.profs[usize::from(cand.prof)];
+        let mut of_prof = vec![0u64; c.profs.len()];
+        let (mut me_all, mut not_no_me, mut ofa_holders) = (0u64, 0u64, 0u64);
+        let (mut max_compute, mut max_ofa) = (0u32, 0u32);
+        let (mut ratio_num, mut ratio_den, mut min_size) = (0u64, 1u64, u64::MAX);
+        for (i, cand) in cands.iter().enumerate() {
+            let p = prof(cand);
+            of_prof[usize::from(cand.prof)] |= bit(i);
+            if p.me_all {
+                me_all |= bit(i);
+            }
+            if !p.no_me {
+                not_no_me |= bit(i);
+            }
+            if p.ofa > 0 {
+                ofa_holders |= bit(i);
+            }
+            max_compute = max_compute.max(p.compute);
+            max_ofa = max_ofa.max(p.ofa);
+            let size = u64::from(cand.mask.count_ones());
+            min_size = min_size.min(size);
+            // compute / size > ratio_num / ratio_den
+            if u64::from(p.compute) * ratio_den > ratio_num * size {
+                ratio_num = u64::from(p.compute);
+                ratio_den = size;
+            }
+        }
+        let fit = |limit: u32, value: &dyn Fn(&Prof) -> u32| -> Vec<u64> {
+            (0..=limit)
+                .map(|k| {
+                    cands
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, cand)| value(prof(cand)) <= k)
+                        .fold(0u64, |m, (i, _)| m | bit(i))
+                })
+                .collect()
+        };
+        let compute_fit = fit(max_compute, &|p| p.compute);
+        let ofa_fit = fit(max_ofa, &|p| p.ofa);
+        let overlap: Vec<u64> = cands
+            .iter()
+            .map(|a| {
+                cands
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| a.mask & b.mask != 0)
+                    .fold(0u64, |m, (i, _)| m | bit(i))
+            })
+            .collect();
+        let related = cands
+            .iter()
+            .enumerate()
+            .map(|(i, cand)| {
+                let p = prof(cand);
+                let mut r = overlap[i] | of_prof[usize::from(cand.prof)];
+                if p.me_all {
+                    r |= not_no_me;
+                } else if !p.no_me {
+                    r |= me_all;
+                }
+                if p.ofa > 0 {
+                    r |= ofa_holders;
+                }
+                r
+            })
+            .collect();
+        Some(CandBits {
+            cands,
+            overlap,
+            of_prof,
+            compute_fit,
+            ofa_fit,
+            me_all,
+            not_no_me,
+            related,
+            ratio_num,
+            ratio_den,
+            min_size: min_size.max(1),
+        })
+    }
+
+    /// Candidates that can join `st`.
+    fn initial(&self, c: &Compiled, st: &State) -> u64 {
+        self.cands
+            .iter()
+            .enumerate()
+            .filter(|(_, cand)| c.can_add(st, usize::from(cand.prof), cand.mask))
+            .fold(0u64, |m, (i, _)| m | (1u64 << i))
+    }
+
+    /// `addable` (the candidates that could join the layout before candidate
+    /// `i` was added) narrowed to those that can still join `st`, the state
+    /// after adding it. Every rule is monotone, so nothing is ever re-added.
+    #[inline]
+    fn after(&self, c: &Compiled, addable: u64, i: usize, st: &State) -> u64 {
+        if st.n >= c.max_instances {
+            return 0;
+        }
+        let prof = usize::from(self.cands[i].prof);
+        let p = &c.profs[prof];
+        let mut a = addable & !self.overlap[i];
+        if u32::from(st.counts[prof]) >= p.max {
+            a &= !self.of_prof[prof];
+        }
+        let compute_left = c.compute_slices.saturating_sub(st.compute) as usize;
+        a &= self.compute_fit[compute_left.min(self.compute_fit.len() - 1)];
+        let ofa_left = c.ofa_engines.saturating_sub(st.ofa) as usize;
+        a &= self.ofa_fit[ofa_left.min(self.ofa_fit.len() - 1)];
+        if p.me_all {
+            a &= !self.not_no_me;
+        } else if !p.no_me {
+            a &= !self.me_all;
+        }
+        a
+    }
+
+    /// Whether some candidate skipped at this node (`skipped`, still
+    /// addable) can never be blocked by any layout reachable from here, whose
+    /// additions all come from `future`: then no maximal layout lies below.
+    fn doomed(&self, c: &Compiled, st: &State, skipped: u64, future: u64) -> bool {
+        let mut room: Option<(u64, u64)> = None;
+        let mut rest = skipped;
+        while rest != 0 {
+            let j = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if self.related[j] & future != 0 {
+                continue;
+            }
+            // Only the totals can still block j. Future instances are
+            // disjoint and lie within the slices the future candidates cover.
+            let (most_compute, most_instances) = *room.get_or_insert_with(|| {
+                let mut slices = 0u64;
+                let mut f = future;
+                while f != 0 {
+                    slices |= self.cands[f.trailing_zeros() as usize].mask;
+                    f &= f - 1;
+                }
+                let n = u64::from(slices.count_ones());
+                (n * self.ratio_num / self.ratio_den, n / self.min_size)
+            });
+            let p = &c.profs[usize::from(self.cands[j].prof)];
+            if u64::from(st.compute) + u64::from(p.compute) + most_compute
+                <= u64::from(c.compute_slices)
+                && u64::from(st.n) + 1 + most_instances <= u64::from(c.max_instances)
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Depth-first search in the same order as [`enum_dfs`]: candidates in
+    /// index order, each layout once as an increasing index sequence.
+    #[allow(clippy::too_many_arguments)]
+    fn dfs(
+        &self,
+        c: &Compiled,
+        from: usize,
+        addable: u64,
+        st: &State,
+        chosen: &mut Vec<usize>,
+        maximal: bool,
+        emit: &mut dyn FnMut(&[usize]),
+    ) {
+        let below = if from >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << from) - 1
+        };
+        let future = addable & !below;
+        if !chosen.is_empty() {
+            if !maximal {
+                emit(chosen);
+            } else if addable == 0 {
+                emit(chosen);
+                return;
+            } else if future == 0 || self.doomed(c, st, addable & below, future) {
+                return;
+            }
+        }
+        let mut rest = future;
+        while rest != 0 {
+            let i = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            let cand = self.cands[i];
+            let next = c.add(st, usize::from(cand.prof), cand.mask);
+            let next_addable = self.after(c, addable, i, &next);
+            chosen.push(i);
+            self.dfs(c, i + 1, next_addable, &next, chosen, maximal, emit);
+            chosen.pop();
+        }
+    }
+}
+
+/// Straightforward enumeration: at every node, every candidate is checked
+/// with every rule. The reference the bit-set search is tested against, and
+/// the search for geometries with more than 64 candidates.
 fn enum_dfs(
     c: &Compiled,
     cands: &[Cand],
@@ -740,4 +985,100 @@ pub fn reconfigure_to_layout(
     let mut t = target.to_vec();
     t.sort();
     Ok(diff(current, t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog;
+    use proptest::prelude::*;
+
+    fn mig_geometries() -> Vec<&'static MigGeometry> {
+        catalog::models()
+            .iter()
+            .filter_map(|m| m.mig.as_ref())
+            .collect()
+    }
+
+    /// Enumeration with the straightforward search only.
+    fn reference(
+        geometry: &MigGeometry,
+        profiles: Option<&[MigProfileName]>,
+        maximal: bool,
+    ) -> Vec<Vec<PlacedInstance>> {
+        let compiled = Compiled::new(geometry).unwrap();
+        let cands = selected_cands(geometry, &compiled, profiles).unwrap();
+        let mut out = Vec::new();
+        enum_dfs(
+            &compiled,
+            &cands,
+            0,
+            &State::EMPTY,
+            &mut Vec::new(),
+            maximal,
+            &mut |layout: &[usize]| {
+                out.push(
+                    layout
+                        .iter()
+                        .map(|&i| to_instance(geometry, &cands[i]))
+                        .collect(),
+                )
+            },
+        );
+        out
+    }
+
+    #[test]
+    fn every_catalog_geometry_uses_the_bit_set_search() {
+        for g in mig_geometries() {
+            let compiled = Compiled::new(g).unwrap();
+            assert!(CandBits::new(&compiled, &compiled.cands).is_some());
+        }
+    }
+
+    #[test]
+    fn catalog_enumerations_match_the_reference() {
+        for g in mig_geometries() {
+            for maximal in [false, true] {
+                let fast = enumerate(g, None, maximal).unwrap();
+                assert_eq!(fast, reference(g, None, maximal));
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// On catalog geometries with tightened totals, budgets and
+        /// per-profile maxima, and random profile subsets, the bit-set search
+        /// returns exactly the reference's layouts in the same order.
+        #[test]
+        fn bit_set_enumeration_matches_reference(
+            model in any::<prop::sample::Index>(),
+            subset in any::<u32>(),
+            compute_cut in 0u32..4,
+            instance_cut in 0u32..4,
+            ofa in 0u32..3,
+            max_cuts in prop::collection::vec(0u32..3, 32),
+            maximal in any::<bool>(),
+        ) {
+            let mut g = (*model.get(&mig_geometries())).clone();
+            g.compute_slices = g.compute_slices.saturating_sub(compute_cut).max(1);
+            g.max_instances = g.max_instances.saturating_sub(instance_cut).max(1);
+            g.ofa_engines = ofa;
+            for (p, cut) in g.gi_profiles.iter_mut().zip(&max_cuts) {
+                p.max_instances = p.max_instances.saturating_sub(*cut);
+            }
+            let names: Vec<MigProfileName> = g
+                .gi_profiles
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| subset & (1 << i) != 0)
+                .map(|(_, p)| p.name.clone())
+                .collect();
+            let profiles = if subset % 3 == 0 { None } else { Some(names.as_slice()) };
+            let fast = enumerate(&g, profiles, maximal).unwrap();
+            prop_assert_eq!(fast, reference(&g, profiles, maximal));
+        }
+    }
 }

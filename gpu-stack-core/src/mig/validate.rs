@@ -208,56 +208,97 @@ pub fn validate_with(
 }
 
 /// Allocation-free check of the common case: every rule holds.
+///
+/// Returns `false` whenever it cannot prove the layout valid (including
+/// malformed geometries); the caller then runs the full rule-by-rule check,
+/// which decides and explains. Per instance it resolves the profile (trying the
+/// previous instance's profile first), tests the start against a bit mask of
+/// allowed starts and the slices against an occupancy mask; per-profile totals
+/// are summed once per distinct profile at the end.
 fn quick_valid(
     geometry: &MigGeometry,
     layout: &[PlacedInstance],
     options: ValidateOptions,
 ) -> bool {
-    if geometry.memory_slices > 64 || geometry.gi_profiles.len() > 32 {
+    let profiles = &geometry.gi_profiles;
+    if geometry.memory_slices > 64
+        || profiles.len() > 32
+        || layout.len() as u64 > u64::from(geometry.max_instances)
+    {
         return false;
     }
-    let mut mask = 0u64;
+    let mut occupied = 0u64;
     let mut counts = [0u32; 32];
-    let (mut compute, mut ofa, mut me_all, mut not_no_me) = (0u32, 0u32, 0u32, 0u32);
-    let (mut has4, mut has3) = (false, false);
+    // Allowed-start masks, filled in for a profile when it is first seen.
+    let mut starts = [0u64; 32];
+    let mut seen = 0u32;
+    let mut last = usize::MAX;
     for inst in layout {
-        if inst.profile.has_explicit_compute() && !inst.profile.is_gpu_instance() {
+        let name = &inst.profile;
+        if name.has_explicit_compute() && !name.is_gpu_instance() {
             return false;
         }
-        let Some(idx) = geometry.resolve_index(&inst.profile) else {
-            return false;
+        let idx = match profiles.get(last) {
+            Some(p) if p.name.same_gpu_instance(name) => last,
+            _ => match geometry.resolve_index(name) {
+                Some(i) => i,
+                None => return false,
+            },
         };
-        let p = &geometry.gi_profiles[idx];
-        if !p.placements.iter().any(|pl| pl.start == inst.start) {
+        last = idx;
+        let p = &profiles[idx];
+        if seen & (1 << idx) == 0 {
+            seen |= 1 << idx;
+            starts[idx] = start_mask(p.placements.iter().map(|pl| pl.start), p.memory_slices);
+        }
+        if inst.start >= 64 || (starts[idx] >> inst.start) & 1 == 0 {
             return false;
         }
         let m = slice_mask(inst.start, p.memory_slices);
-        if mask & m != 0 {
+        if occupied & m != 0 {
             return false;
         }
-        mask |= m;
+        occupied |= m;
         counts[idx] += 1;
-        if counts[idx] > p.max_instances {
+    }
+    let (mut compute, mut ofa, mut me_all, mut not_no_me) = (0u64, 0u64, 0u64, 0u64);
+    let (mut has4, mut has3) = (false, false);
+    let mut used = seen;
+    while used != 0 {
+        let idx = used.trailing_zeros() as usize;
+        used &= used - 1;
+        let p = &profiles[idx];
+        let n = counts[idx];
+        if n > p.max_instances {
             return false;
         }
-        compute += p.compute_slices;
-        ofa += p.media.ofa;
+        let n = u64::from(n);
+        compute += n * u64::from(p.compute_slices);
+        ofa += n * u64::from(p.media.ofa);
         match p.media_variant() {
             MediaVariant::MeAll => {
-                me_all += 1;
-                not_no_me += 1;
+                me_all += n;
+                not_no_me += n;
             }
             MediaVariant::NoMe => {}
-            _ => not_no_me += 1,
+            _ => not_no_me += n,
         }
         has4 |= p.compute_slices == 4;
         has3 |= p.compute_slices == 3;
     }
-    compute <= geometry.compute_slices
-        && layout.len() as u32 <= geometry.max_instances
-        && ofa <= geometry.ofa_engines
+    compute <= u64::from(geometry.compute_slices)
+        && ofa <= u64::from(geometry.ofa_engines)
         && (me_all == 0 || not_no_me <= 1)
         && !(options.pre_r510_driver && has4 && has3)
+}
+
+/// Bit `s` set for every start `s` whose `size`-slice placement lies inside a
+/// 64-slice mask. Starts that do not (only in malformed geometries) are left
+/// out, so the quick check defers to the full one.
+fn start_mask(starts: impl Iterator<Item = u32>, size: u32) -> u64 {
+    starts
+        .filter(|&s| s < 64 && u64::from(s) + u64::from(size) <= 64)
+        .fold(0u64, |m, s| m | (1u64 << s))
 }
 
 pub(crate) fn slice_mask(start: u32, size: u32) -> u64 {
@@ -395,4 +436,63 @@ fn collect(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog;
+    use crate::mig::MigProfileName;
+    use proptest::prelude::*;
+
+    fn mig_geometries() -> Vec<&'static MigGeometry> {
+        catalog::models()
+            .iter()
+            .filter_map(|m| m.mig.as_ref())
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// The allocation-free check accepts a layout exactly when the
+        /// rule-by-rule check finds nothing, on catalog geometries with
+        /// tightened totals and budgets and on random layouts (mostly real
+        /// profiles at real starts, some unknown or compute-instance names).
+        #[test]
+        fn quick_check_agrees_with_full_check(
+            model in any::<prop::sample::Index>(),
+            compute_cut in 0u32..3,
+            instance_cut in 0u32..3,
+            ofa in 0u32..3,
+            pre_r510 in any::<bool>(),
+            raw in prop::collection::vec((0usize..40, 0u32..14, 0u8..12), 0..9),
+        ) {
+            let mut g = (*model.get(&mig_geometries())).clone();
+            g.compute_slices = g.compute_slices.saturating_sub(compute_cut);
+            g.max_instances = g.max_instances.saturating_sub(instance_cut);
+            g.ofa_engines = ofa;
+            let layout: Vec<PlacedInstance> = raw
+                .iter()
+                .map(|&(i, start, kind)| {
+                    let p = &g.gi_profiles[i % g.gi_profiles.len()];
+                    match kind {
+                        0 => PlacedInstance::new(MigProfileName::new(5, 999), start),
+                        1 => PlacedInstance::new(p.name.clone().with_compute(1), start),
+                        2 => PlacedInstance::new(p.name.clone(), start),
+                        _ => {
+                            let pl = p.placements[start as usize % p.placements.len()];
+                            PlacedInstance::new(p.name.clone(), pl.start)
+                        }
+                    }
+                })
+                .collect();
+            let options = ValidateOptions { pre_r510_driver: pre_r510 };
+            let mut sorted = layout.clone();
+            sorted.sort();
+            let full_ok = collect(&g, &sorted, options).is_empty();
+            prop_assert_eq!(quick_valid(&g, &layout, options), full_ok);
+            prop_assert_eq!(validate_with(&g, &layout, options).is_ok(), full_ok);
+        }
+    }
 }
