@@ -353,6 +353,28 @@ async fn leader_count(replicas: &[&Replica]) -> usize {
     n
 }
 
+/// Deletes the policy with admin rights, dropping finalizers a dead operator
+/// left behind, and waits until it is gone.
+async fn force_delete_policy(client: &Client, name: &str) -> Result<()> {
+    let api = Api::<ClusterPolicy>::all(client.clone());
+    if api.get_opt(name).await?.is_none() {
+        return Ok(());
+    }
+    let _ = api.delete(name, &DeleteParams::default()).await;
+    let _ = api
+        .patch_metadata(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await;
+    wait_for("leftover ClusterPolicy gone", LONG, || async {
+        Ok(api.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_binary_on_a_real_cluster() -> Result<()> {
     let cluster = TestCluster::attach().await?;
@@ -385,6 +407,7 @@ async fn operator_binary_on_a_real_cluster() -> Result<()> {
             .then_some(()))
     })
     .await?;
+    force_delete_policy(&admin, "cluster-policy").await?;
     let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
     let sa = rbac
         .iter()
@@ -412,9 +435,7 @@ async fn operator_binary_on_a_real_cluster() -> Result<()> {
     let result = scenarios(&cluster, &admin, &bin, &kubeconfig, &namespace, &prefix).await;
 
     // Teardown, whatever happened.
-    let _ = Api::<ClusterPolicy>::all(admin.clone())
-        .delete("cluster-policy", &DeleteParams::default())
-        .await;
+    let _ = force_delete_policy(&admin, "cluster-policy").await;
     let names: Vec<String> = my_nodes(&admin, &prefix)
         .await
         .unwrap_or_default()
@@ -615,8 +636,8 @@ async fn scenarios(
     // An impossible driver for a pool → refused for that pool only.
     let old_pool = cluster
         .create_gpu_nodes(
-            &GpuFleet::new(format!("{prefix}-k80"), 2)
-                .with_label("nvidia.com/gpu.product", "Tesla-K80")
+            &GpuFleet::new(format!("{prefix}-b200"), 2)
+                .with_label("nvidia.com/gpu.product", "NVIDIA-B200")
                 .with_label("feature.node.kubernetes.io/system-os_release.ID", "rhel")
                 .with_label(
                     "feature.node.kubernetes.io/system-os_release.VERSION_ID",
@@ -632,7 +653,7 @@ async fn scenarios(
         admin,
         "cluster-policy",
         serde_json::json!({
-            "driver": { "enabled": true, "version": "580.95.05" },
+            "driver": { "enabled": true, "version": "550.127.05" },
             "dcgmExporter": { "enabled": false },
             "migManager": { "enabled": true },
         }),
@@ -641,7 +662,7 @@ async fn scenarios(
     let refused = wait_policy(
         admin,
         "cluster-policy",
-        "driver refused for the K80 pool",
+        "driver refused for the B200 pool",
         |p| {
             p.status
                 .as_ref()
@@ -662,7 +683,7 @@ async fn scenarios(
     got.sort();
     ensure!(
         got == want,
-        "refused nodes {got:?}, expected only the K80 pool {want:?}"
+        "refused nodes {got:?}, expected only the B200 pool {want:?}"
     );
 
     // SIGKILL the leader mid-reconcile: change the policy and kill at once.
@@ -675,7 +696,7 @@ async fn scenarios(
         admin,
         "cluster-policy",
         serde_json::json!({
-            "driver": { "enabled": true, "version": "580.95.05" },
+            "driver": { "enabled": true, "version": "550.127.05" },
             "dcgmExporter": { "enabled": true },
             "migManager": { "enabled": true },
         }),
@@ -767,5 +788,210 @@ async fn scenarios(
     .await?;
     ensure!(status.success(), "operator exited with {status} on SIGTERM");
     drop(restarted);
+    Ok(())
+}
+
+/// Peak resident memory of a process, in KiB (VmHWM).
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Sum of every sample of `name` (all label sets) from a replica's /metrics.
+async fn metric_sum(replica: &Replica, name: &str) -> f64 {
+    let url = replica.metrics.trim_start_matches("http://");
+    let Some((addr, path)) = url.split_once('/') else {
+        return 0.0;
+    };
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return 0.0;
+    };
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let req = format!("GET /{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    if stream.write_all(req.as_bytes()).await.is_err() {
+        return 0.0;
+    }
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body).await;
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// 1,000-node benchmark (run by `scripts/bench-operator.sh`, not by default):
+/// the control-plane floor (a plain DaemonSet to every node) against the
+/// operator (ClusterPolicy creation to status ready with every device-plugin
+/// pod Running), the operator's peak RSS, its API requests, and the writes it
+/// makes on a resync with nothing to change. Prints figures; asserts only
+/// correctness (zero writes on resync), never time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run scripts/bench-operator.sh"]
+async fn bench_operator_1000_nodes() -> Result<()> {
+    let count: usize = std::env::var("GPU_STACK_BENCH_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let cluster = TestCluster::attach().await?;
+    let admin = cluster.client();
+    let bin = match std::env::var_os("GPU_STACK_OPERATOR_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => operator_binary()?,
+    };
+    let suffix = unique_suffix();
+    let prefix = format!("bench{suffix}");
+    let namespace = cluster.create_namespace("gpu-bench").await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    crds.patch(
+        "clusterpolicies.nvidia.com",
+        &PatchParams::apply("gpu-stack-e2e").force(),
+        &Patch::Apply(&ClusterPolicy::crd()),
+    )
+    .await?;
+    force_delete_policy(&admin, "cluster-policy").await?;
+    let tmp = std::env::temp_dir().join(format!("gpu-stack-op-bench-{suffix}"));
+    std::fs::create_dir_all(&tmp)?;
+    let release = format!("b{suffix}");
+    let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
+    let sa = rbac
+        .iter()
+        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "ServiceAccount"))
+        .map(ResourceExt::name_any)
+        .ok_or_else(|| anyhow!("the chart has no ServiceAccount"))?;
+    let token = Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
+        .create_token_request(
+            &sa,
+            &PostParams::default(),
+            &TokenRequest {
+                spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+                    expiration_seconds: Some(3600),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await?
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| anyhow!("no token in TokenRequest answer"))?;
+    let kubeconfig = token_kubeconfig(cluster.kubeconfig(), &token, &tmp)?;
+
+    let t = std::time::Instant::now();
+    let names = cluster
+        .create_gpu_nodes(&GpuFleet::new(format!("{prefix}-n"), count))
+        .await?;
+    println!(
+        "bench: created {} nodes in {:.1}s",
+        names.len(),
+        t.elapsed().as_secs_f64()
+    );
+
+    // Floor: a plain DaemonSet selecting the same nodes, in the same run.
+    let floor_ns = cluster.create_namespace("gpu-floor").await?;
+    let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "floor"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "floor"}},
+            "template": {
+                "metadata": {"labels": {"app": "floor"}},
+                "spec": {
+                    "nodeSelector": {NFD_NVIDIA_PCI_LABEL: "true"},
+                    "containers": [{"name": "c", "image": "floor:1"}]
+                }
+            }
+        }
+    }))?;
+    let t = std::time::Instant::now();
+    Api::<DaemonSet>::namespaced(admin.clone(), &floor_ns)
+        .create(&PostParams::default(), &ds)
+        .await?;
+    wait_for(
+        "floor DaemonSet on every node",
+        Duration::from_secs(900),
+        || async {
+            let r = nodes_running(&admin, &floor_ns, "floor", &prefix).await?;
+            Ok((r.len() >= count).then_some(()))
+        },
+    )
+    .await?;
+    let floor = t.elapsed().as_secs_f64();
+    println!("bench: control-plane floor (plain DaemonSet Running on {count} nodes): {floor:.1}s");
+    cluster.delete_namespace(&floor_ns).await?;
+
+    let op = Replica::start(&bin, &kubeconfig, &namespace, "bench", free_port()?)?;
+    wait_for("operator leads", LONG, || async {
+        Ok((metric(&op, "gpu_stack_operator_leader").await == Some(1.0)).then_some(()))
+    })
+    .await?;
+    let t = std::time::Instant::now();
+    apply_policy(
+        &admin,
+        "cluster-policy",
+        serde_json::json!({"driver": {"enabled": true}}),
+    )
+    .await?;
+    wait_policy(&admin, "cluster-policy", "ClusterPolicy ready", is_ready).await?;
+    let ready = t.elapsed().as_secs_f64();
+    let plugin = device_plugin_ds(&daemonsets(&admin, &namespace).await?)
+        .ok_or_else(|| anyhow!("no device-plugin DaemonSet"))?;
+    wait_for(
+        "device plugin on every node",
+        Duration::from_secs(900),
+        || async {
+            let r = nodes_running(&admin, &namespace, &plugin, &prefix).await?;
+            Ok((r.len() >= count).then_some(()))
+        },
+    )
+    .await?;
+    let pods = t.elapsed().as_secs_f64();
+    println!(
+        "bench: operator ClusterPolicy -> status ready: {ready:.1}s; -> device-plugin Running on {count} nodes: {pods:.1}s (floor {floor:.1}s, difference {:.1}s)",
+        pods - floor
+    );
+    let requests = metric_sum(&op, "gpu_stack_operator_api_requests_total").await;
+    let writes = metric_sum(&op, "gpu_stack_operator_api_writes_total").await;
+    println!("bench: operator API requests to converge: {requests} ({writes} writes)");
+
+    // Resync with nothing to change: an unrelated label on one node and an
+    // annotation on the policy both trigger a pass; neither may cause a write.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let passes_before = metric_sum(&op, "gpu_operator_reconciliation_total").await;
+    let writes_before = metric_sum(&op, "gpu_stack_operator_api_writes_total").await;
+    Api::<Node>::all(admin.clone())
+        .patch(
+            &names[0],
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"bench/unrelated": "1"}}})),
+        )
+        .await?;
+    wait_for("a resync pass", LONG, || async {
+        Ok(
+            (metric_sum(&op, "gpu_operator_reconciliation_total").await > passes_before)
+                .then_some(()),
+        )
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let resync_writes =
+        metric_sum(&op, "gpu_stack_operator_api_writes_total").await - writes_before;
+    let rss = peak_rss_kib(op.child.id()).unwrap_or(0);
+    println!("bench: writes on a resync with nothing to change: {resync_writes}");
+    println!("bench: operator peak RSS: {:.1} MiB", rss as f64 / 1024.0);
+
+    force_delete_policy(&admin, "cluster-policy").await?;
+    drop(op);
+    cluster.delete_nodes(&names).await?;
+    delete_applied(&admin, &rbac).await;
+    let _ = cluster.delete_namespace(&namespace).await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    ensure!(
+        resync_writes == 0.0,
+        "the operator wrote {resync_writes} times on a resync"
+    );
     Ok(())
 }

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Benchmarks the gpu-operator binary on the local test control plane with
+# 1,000 fake GPU nodes (GPU_STACK_BENCH_NODES to change): time from
+# ClusterPolicy creation to status ready and to device-plugin pods Running on
+# every node, against the control-plane floor measured in the same run (a plain
+# DaemonSet to the same nodes); the operator's peak RSS; the API requests it
+# issued; and the writes it makes on a resync with nothing to change (must be 0).
+#
+# Usage: scripts/bench-operator.sh          (starts and stops its own cluster)
+#        KUBECONFIG-less; set GPU_STACK_E2E_KUBECONFIG to reuse a running cluster.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+nice cargo build --release -p gpu-stack-bins --bin gpu-operator
+export GPU_STACK_OPERATOR_BIN="${CARGO_TARGET_DIR:-target}/release/gpu-operator"
+
+own_cluster=0
+if [ -z "${GPU_STACK_E2E_KUBECONFIG:-}" ]; then
+  state="$(mktemp -d)"
+  own_cluster=1
+  cleanup() { cargo xtask cluster down --state-dir "$state" >/dev/null 2>&1 || true; rm -rf "$state"; }
+  trap cleanup EXIT
+  cargo xtask cluster up --state-dir "$state" --port-base "${GPU_STACK_BENCH_PORT_BASE:-28440}" >&2
+  export GPU_STACK_E2E_KUBECONFIG="$state/kubeconfig"
+fi
+
+cargo test -p gpu-stack-e2e --test operator_e2e -- --ignored --nocapture bench_operator_1000_nodes 2>&1 \
+  | grep --line-buffered -E '^bench:|test result|panicked|Error'
+[ "$own_cluster" = 1 ] && echo "bench: cluster stopped" >&2 || true
