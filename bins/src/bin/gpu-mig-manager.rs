@@ -1,5 +1,166 @@
-//! `gpu-mig-manager`.
-fn main() -> std::process::ExitCode {
-    eprintln!("gpu-mig-manager is not available in this build yet");
-    std::process::ExitCode::FAILURE
+//! `gpu-mig-manager`: applies the mig-parted config named by its node's
+//! `nvidia.com/mig.config` label and reports `nvidia.com/mig.config.state`.
+//!
+//! Thin main: flags, logging, signals; the process loop is
+//! `gpu_stack_k8s::migmanager::agent::run`.
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+use gpu_stack_bins::backend_flags::BackendArgs;
+use gpu_stack_k8s::migmanager::ManagerOptions;
+use gpu_stack_k8s::migmanager::agent::{AgentOptions, load_config, run};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// gpu-mig-manager: applies mig-parted configs selected by node label.
+#[derive(Parser, Debug)]
+#[command(name = "gpu-mig-manager", version, about)]
+struct Args {
+    /// This node's name (the Node object to watch and label).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// mig-parted config file (a mounted ConfigMap; re-read on change), or
+    /// `default` for NVIDIA's shipped configs.
+    #[arg(long, short = 'f', env = "CONFIG_FILE")]
+    config_file: PathBuf,
+    /// GPU backend.
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Kubeconfig to use; without it, in-cluster config or $KUBECONFIG.
+    #[arg(long, env = "GPU_MIG_MANAGER_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Longest wait for GPU client pods to leave the node before `failed`.
+    #[arg(long, default_value_t = 300)]
+    client_timeout_seconds: u64,
+    /// Poll interval while waiting for GPU client pods, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    poll_ms: u64,
+    /// How often the config file is checked for changes, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    config_poll_ms: u64,
+    /// Pause before retrying a pass that failed talking to the API server, in seconds.
+    #[arg(long, default_value_t = 10)]
+    retry_seconds: u64,
+    /// Never reset GPUs for MIG mode changes: report `rebooting` instead.
+    #[arg(long)]
+    no_gpu_reset: bool,
+    /// Command run with `sh -c` when a MIG mode change needs a reboot
+    /// (NODE_NAME and MIG_CONFIG are set).
+    #[arg(long, value_name = "CMD", env = "REBOOT_HOOK")]
+    reboot_hook: Option<String>,
+    /// Destroy MIG instances even when processes run on them.
+    #[arg(long)]
+    force: bool,
+    /// File rewritten after every MIG change, for the device plugin and CDI
+    /// spec generator to re-read the MIG devices.
+    #[arg(long, value_name = "PATH", env = "MIG_SIGNAL_FILE")]
+    signal_file: Option<PathBuf>,
+    /// This replica's name in Events.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            tracing::error!(%err, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(manage(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn manage(args: Args) -> Result<()> {
+    // Fail early, before touching the cluster, on a bad file.
+    load_config(&args.config_file)?;
+    let mut backend_args = args.backend.clone();
+    if backend_args.node.is_none() {
+        backend_args.node = Some(args.node_name.clone());
+    }
+    let backend = backend_args.build()?;
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let raw = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(raw, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration (in-cluster, $KUBECONFIG or --kubeconfig)")?,
+    };
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let options = AgentOptions {
+        manager: ManagerOptions {
+            node: args.node_name,
+            force: args.force,
+            client_timeout: Duration::from_secs(args.client_timeout_seconds),
+            poll: Duration::from_millis(args.poll_ms.max(1)),
+            reset_gpus: !args.no_gpu_reset,
+            signal_file: args.signal_file,
+        },
+        config_file: args.config_file,
+        config_poll: Duration::from_millis(args.config_poll_ms.max(10)),
+        retry: Duration::from_secs(args.retry_seconds.max(1)),
+        reboot_hook: args.reboot_hook,
+        instance: args.pod_name,
+    };
+    run(client, backend, options, shutdown_signal())
+        .await
+        .context("gpu-mig-manager stopped")?;
+    tracing::info!("shut down cleanly");
+    Ok(())
+}
+
+/// Resolves on SIGTERM (what the kubelet sends) or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            }
+        }
+        Err(err) => {
+            tracing::warn!(%err, "cannot listen for SIGTERM; only SIGINT stops the manager");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

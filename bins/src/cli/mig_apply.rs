@@ -4,15 +4,12 @@
 //!
 //! Exit codes: 0 = done / GPUs match, 1 = `assert` found a difference (or
 //! `apply` needs a reboot), 2 = bad input or a failure to act.
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::ValueEnum;
-use gpu_stack_core::backend::GpuBackend;
 use gpu_stack_core::migparted::MigPartedConfig;
 use gpu_stack_nvml::migapply::{self, ApplyEvent, ApplyOptions, ApplyOutcome, NoProcesses};
-use gpu_stack_nvml::{SimNodeSpec, SimulatedBackend};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -24,58 +21,9 @@ pub enum Output {
     Json,
 }
 
-/// Which GPUs to act on.
-#[derive(clap::Args, Debug, Clone)]
-pub struct BackendArgs {
-    /// GPU backend.
-    #[arg(long, value_enum, default_value_t = BackendKind::Simulated)]
-    pub backend: BackendKind,
-    /// Fleet file describing the simulated node (simulated backend).
-    #[arg(long)]
-    pub fleet: Option<PathBuf>,
-    /// Node of the fleet file (default: the only node with GPUs).
-    #[arg(long)]
-    pub node: Option<String>,
-    /// State file shared by processes simulating the same node, so an `apply`
-    /// is seen by a later `assert` (simulated backend).
-    #[arg(long)]
-    pub sim_state: Option<PathBuf>,
-}
-
-/// GPU backends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendKind {
-    /// Simulated GPUs from a fleet file.
-    Simulated,
-    /// The NVIDIA driver.
-    Nvml,
-}
-
-impl BackendArgs {
-    /// Builds the backend.
-    pub fn build(&self) -> Result<Box<dyn GpuBackend>> {
-        match self.backend {
-            BackendKind::Simulated => {
-                let fleet = self.fleet.as_deref().context(
-                    "--backend simulated needs --fleet FILE (for example examples/fleets/hgx-h100.yaml)",
-                )?;
-                let spec = SimNodeSpec::from_fleet_file(fleet, self.node.as_deref())
-                    .with_context(|| format!("reading fleet file {}", fleet.display()))?;
-                let backend = match &self.sim_state {
-                    Some(state) => SimulatedBackend::with_state_file(&spec, state)
-                        .with_context(|| format!("opening state file {}", state.display()))?,
-                    None => SimulatedBackend::new(&spec)?,
-                };
-                Ok(Box::new(backend))
-            }
-            BackendKind::Nvml => {
-                bail!(
-                    "--backend nvml is not wired into `gpu-stack mig apply` in this build; use --backend simulated"
-                )
-            }
-        }
-    }
-}
+/// The shared GPU backend flags (`--backend simulated|nvml`, `--fleet`,
+/// `--node`, `--nvml-lib`, `--sim-state`), re-exported for `gpu-stack mig`.
+pub use crate::backend_flags::BackendArgs;
 
 /// Flags shared by `apply` and `assert`.
 #[derive(clap::Args, Debug)]
@@ -184,4 +132,75 @@ pub fn export(backend: BackendArgs, name: &str, output: Output) -> Result<ExitCo
         Output::Json => println!("{}", serde_json::to_string_pretty(&exported)?),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ConfigArgs,
+    }
+
+    fn fleet() -> String {
+        format!(
+            "{}/../examples/fleets/hgx-h100.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }
+
+    fn args(extra: &[&str], state: &std::path::Path) -> ConfigArgs {
+        let mut argv = vec!["x", "-f", "default", "--backend", "simulated", "--fleet"];
+        let fleet = fleet();
+        argv.push(&fleet);
+        let state = state.to_str().unwrap();
+        argv.extend(["--sim-state", state, "-o", "json"]);
+        argv.extend(extra);
+        Cli::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn apply_then_assert_through_a_shared_state_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("gpus.json");
+        let before = assert(args(&["-c", "all-1g.10gb"], &state)).unwrap();
+        assert_eq!(before, ExitCode::from(1), "a clean GPU does not match");
+        let done = apply(args(&["-c", "all-1g.10gb"], &state), false, false).unwrap();
+        assert_eq!(done, ExitCode::SUCCESS);
+        let after = assert(args(&["-c", "all-1g.10gb"], &state)).unwrap();
+        assert_eq!(after, ExitCode::SUCCESS, "a later process sees the layout");
+        let other = assert(args(&["-c", "all-3g.40gb"], &state)).unwrap();
+        assert_eq!(other, ExitCode::from(1));
+    }
+
+    #[test]
+    fn unknown_config_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("gpus.json");
+        let err = apply(args(&["-c", "no-such-config"], &state), false, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no-such-config"), "{err}");
+    }
+
+    #[test]
+    fn nvml_backend_is_accepted_and_names_a_missing_library() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "-f",
+            "default",
+            "-c",
+            "all-1g.10gb",
+            "--backend",
+            "nvml",
+            "--nvml-lib",
+            "/nonexistent/libnvidia-ml.so.1",
+        ])
+        .unwrap();
+        let err = format!("{:#}", assert(cli.args).unwrap_err());
+        assert!(err.contains("/nonexistent/libnvidia-ml.so.1"), "{err}");
+    }
 }
