@@ -19,9 +19,10 @@ use futures::stream::BoxStream;
 use gpu_stack_core::operator::labels::{LabelPatch, apply_patch};
 use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::object::{Object, ObjectKey};
-use super::selector::pod_fits_node;
+use super::selector::{label_selector_matches, pod_fits_node};
 use super::{Cluster, ClusterError, NodeEvent};
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 
@@ -195,6 +196,21 @@ impl InMemoryCluster {
     /// All stored objects, sorted by key.
     pub fn objects(&self) -> Vec<Object> {
         self.lock().objects.values().cloned().collect()
+    }
+
+    /// Objects of a kind whose labels match a selector, as a LIST with a
+    /// label selector would return them.
+    pub fn list_selected(&self, kind: &str, selector: &LabelSelector) -> Vec<Object> {
+        self.lock()
+            .objects
+            .values()
+            .filter(|o| o.kind() == kind)
+            .filter(|o| {
+                let labels = o.meta().labels.clone().unwrap_or_default();
+                label_selector_matches(selector, &labels)
+            })
+            .cloned()
+            .collect()
     }
 
     /// One object.
@@ -479,6 +495,34 @@ mod tests {
         let s = status(&c);
         assert_eq!((s.desired_number_scheduled, s.number_ready), (2, 1));
         assert!(block_on(c.patch_node_labels("nope", &patch)).is_err());
+    }
+
+    #[test]
+    fn list_by_label_selector() {
+        let c = InMemoryCluster::new();
+        block_on(c.apply(ds("a", "x"))).unwrap();
+        let mut other = ds("b", "x");
+        other.meta_mut().labels = Some([("team".to_string(), "ml".to_string())].into());
+        block_on(c.apply(other)).unwrap();
+        let managed = LabelSelector {
+            match_labels: Some(
+                [(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "gpu-stack".to_string(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let names: Vec<String> = c
+            .list_selected("DaemonSet", &managed)
+            .iter()
+            .map(|o| o.name().to_string())
+            .collect();
+        assert_eq!(names, ["a"]);
+        assert!(c.list_selected("ConfigMap", &managed).is_empty());
+        // Only owned objects are listed through the trait.
+        assert_eq!(block_on(c.list_owned()).unwrap().len(), 1);
     }
 
     #[test]

@@ -6,13 +6,15 @@
 //! `nvidia.com/last-applied-hash`; an existing object with the same hash is
 //! left alone, so an unchanged object is never rewritten. Applying the result
 //! and calling the function again yields no changes (tested as a property).
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_stack_core::catalog;
 use gpu_stack_core::operator::components::Component;
 use gpu_stack_core::operator::driver::{DriverNode, DriverPlan, GpuIdentity, plan_driver};
 use gpu_stack_core::operator::labels::{
-    GPU_PRODUCT, LabelPatch, LabelPolicy, Labels, NodeFacts, apply_patch, deploy_label_patch,
+    GPU_PRODUCT, LabelPatch, LabelPolicy, Labels, NFD_KERNEL, NFD_OS_ID, NFD_OS_VERSION,
+    NFD_OS_VERSION_MAJOR, NodeFacts, apply_patch, deploy_label_patch,
 };
 use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
@@ -45,6 +47,9 @@ pub mod reason {
     /// Another ClusterPolicy is older and in charge.
     pub const IGNORED: &str = "Ignored";
 }
+
+/// Node labels the driver planner reads.
+const DRIVER_LABELS: [&str; 4] = [NFD_OS_ID, NFD_OS_VERSION, NFD_OS_VERSION_MAJOR, NFD_KERNEL];
 
 /// Options of [`desired_state`].
 #[derive(Debug, Clone)]
@@ -277,14 +282,20 @@ pub fn desired_state(
         mig_config_default: Some(spec.mig_config_default()),
     };
     let mut node_labels = BTreeMap::new();
-    let mut effective: Vec<(String, Labels)> = Vec::with_capacity(nodes.len());
+    let empty = Labels::new();
+    // Borrow each node's labels; copy only the ones that change.
+    let mut effective: Vec<(String, Cow<'_, Labels>)> = Vec::with_capacity(nodes.len());
     for n in nodes {
-        let mut labels: Labels = n.metadata.labels.clone().unwrap_or_default();
-        let patch = deploy_label_patch(&labels, &label_policy);
-        if !patch.is_empty() {
-            apply_patch(&mut labels, &patch);
+        let current_labels = n.metadata.labels.as_ref().unwrap_or(&empty);
+        let patch = deploy_label_patch(current_labels, &label_policy);
+        let labels = if patch.is_empty() {
+            Cow::Borrowed(current_labels)
+        } else {
+            let mut l = current_labels.clone();
+            apply_patch(&mut l, &patch);
             node_labels.insert(node_name(n), patch);
-        }
+            Cow::Owned(l)
+        };
         effective.push((node_name(n), labels));
     }
     let facts: Vec<NodeFacts> = effective
@@ -302,7 +313,13 @@ pub fn desired_state(
             .filter(|i| !facts[**i].operands_disabled)
             .map(|i| DriverNode {
                 name: effective[*i].0.clone(),
-                labels: effective[*i].1.clone(),
+                // Only the labels the driver planner reads.
+                labels: effective[*i]
+                    .1
+                    .iter()
+                    .filter(|(k, _)| DRIVER_LABELS.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
                 gpus: gpus_on_node(&effective[*i].1),
             })
             .collect();
