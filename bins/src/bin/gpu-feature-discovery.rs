@@ -63,6 +63,9 @@ struct Cli {
     /// Patch the labels onto this Node (the --node name) with the in-cluster or kubeconfig client.
     #[arg(long)]
     publish: bool,
+    /// Kubeconfig for --publish (default: in-cluster, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, value_name = "FILE", requires = "publish")]
+    kubeconfig: Option<PathBuf>,
 }
 
 fn settings(cli: &Cli) -> Result<Settings> {
@@ -122,20 +125,38 @@ async fn compute(backend: &Arc<dyn GpuBackend>, settings: &Settings) -> Result<L
     ))
 }
 
-async fn publish(node_name: &str, desired: &Labels) -> Result<usize> {
-    let client = kube::Client::try_default()
-        .await
-        .context("no Kubernetes client (in-cluster config or kubeconfig)")?;
-    let nodes: Api<Node> = Api::all(client);
+/// The client for `--publish`: `--kubeconfig` when given, else kube's default
+/// chain (in-cluster, `$KUBECONFIG`, `~/.kube/config`).
+async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let raw = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(raw, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration (in-cluster, $KUBECONFIG or --kubeconfig)")?,
+    };
+    kube::Client::try_from(config).context("cannot build the Kubernetes client")
+}
+
+/// Brings the Node's GFD-owned labels to `desired` with one metadata merge
+/// patch (none when nothing changed); labels GFD does not own are untouched.
+/// Reads and writes only the Node's metadata, not its (large) status.
+async fn publish(client: &kube::Client, node_name: &str, desired: &Labels) -> Result<usize> {
+    let nodes: Api<Node> = Api::all(client.clone());
     let node = nodes
-        .get(node_name)
+        .get_metadata(node_name)
         .await
         .with_context(|| format!("cannot read Node {node_name}"))?;
     let current: BTreeMap<String, String> = node.metadata.labels.unwrap_or_default();
     let changes = label_changes(&current, desired);
     if !changes.is_empty() {
         nodes
-            .patch(
+            .patch_metadata(
                 node_name,
                 &PatchParams::default(),
                 &Patch::Merge(merge_patch(&changes)),
@@ -164,6 +185,10 @@ async fn main() -> Result<()> {
         }
         (None, false) => None,
     };
+    let client = match node_name {
+        Some(_) if cli.publish => Some(client(cli.kubeconfig.as_deref()).await?),
+        _ => None,
+    };
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     loop {
@@ -178,8 +203,8 @@ async fn main() -> Result<()> {
             write_atomic(&path, &feature_file(&labels))?;
             tracing::info!(path = %path.display(), labels = labels.len(), "feature file written");
         }
-        if let (true, Some(n)) = (cli.publish, &node_name) {
-            let changed = publish(n, &labels).await?;
+        if let (Some(c), Some(n)) = (&client, &node_name) {
+            let changed = publish(c, n, &labels).await?;
             tracing::info!(node = %n, changed, "node labels published");
         }
         if settings.gfd_oneshot {
