@@ -1,0 +1,413 @@
+//! The `gpu-mig-manager` binary against the real test control plane.
+//!
+//! One kwok GPU node (8 simulated H100-SXM5-80GB from a fleet file written for
+//! this test) and one GPU client pod on it (`app=nvidia-device-plugin-daemonset`).
+//! The manager runs as a separate process with a simulated-GPU state file;
+//! `gpu-stack mig assert` reads the same file afterwards, as a second process
+//! on the node would. The test plays the DaemonSet controller: it removes the
+//! client pod once the manager paused its deploy label, so the manager's wait
+//! for clients to leave is on the path.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use futures::StreamExt;
+use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+const LONG: Duration = Duration::from_secs(90);
+const MIG_CONFIG: &str = "nvidia.com/mig.config";
+const MIG_STATE: &str = "nvidia.com/mig.config.state";
+const PAUSE_RECORD: &str = "gpu-stack/mig-manager.paused-labels";
+const FAILURE: &str = "gpu-stack/mig-manager.failure-reason";
+const DEPLOY_DP: &str = "nvidia.com/gpu.deploy.device-plugin";
+const DEPLOY_GFD: &str = "nvidia.com/gpu.deploy.gpu-feature-discovery";
+const DEPLOY_EXPORTER: &str = "nvidia.com/gpu.deploy.dcgm-exporter";
+const PAUSED: &str = "paused-for-mig-change";
+
+/// A binary built next to this test (`cargo test --workspace` and
+/// `cargo xtask test` build every binary of the workspace).
+fn binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/migmanager_e2e-<hash> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| anyhow!("unexpected test binary location {}", exe.display()))?;
+    let bin = dir.join(name);
+    ensure!(
+        bin.is_file(),
+        "{} is missing: build it with `cargo build -p gpu-stack-bins --bin {name}` \
+         (`cargo xtask test` builds it)",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// The manager process; killed if the test ends without stopping it.
+struct Manager {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Manager {
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// SIGTERM, then wait (bounded) for a clean exit.
+    fn terminate(&mut self) -> Result<std::process::ExitStatus> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .context("running kill -TERM")?;
+        ensure!(status.success(), "kill -TERM failed");
+        for _ in 0..200 {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("gpu-mig-manager did not stop within 10s of SIGTERM")
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+struct Files {
+    dir: PathBuf,
+    fleet: PathBuf,
+    config: PathBuf,
+    state: PathBuf,
+    signal: PathBuf,
+}
+
+fn write_files(node: &str) -> Result<Files> {
+    let dir = std::env::temp_dir().join(format!("gpu-stack-mig-e2e-{}", unique_suffix()));
+    std::fs::create_dir_all(&dir)?;
+    let fleet = dir.join("fleet.yaml");
+    std::fs::write(
+        &fleet,
+        format!(
+            "nodes:\n  - name: {node}\n    gpus:\n      - model: H100-SXM5-80GB\n        count: 8\n"
+        ),
+    )?;
+    let config = dir.join("config.yaml");
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../gpu-stack-core/data/mig-parted-config-default.yaml");
+    std::fs::copy(&shipped, &config).with_context(|| format!("copying {}", shipped.display()))?;
+    Ok(Files {
+        state: dir.join("gpus.json"),
+        signal: dir.join("mig-changed"),
+        dir,
+        fleet,
+        config,
+    })
+}
+
+fn start_manager(cluster: &TestCluster, node: &str, files: &Files) -> Result<Manager> {
+    let log = files.dir.join("manager.log");
+    let out = std::fs::File::create(&log)?;
+    let child = Command::new(binary("gpu-mig-manager")?)
+        .arg("--node-name")
+        .arg(node)
+        .arg("--config-file")
+        .arg(&files.config)
+        .args(["--backend", "simulated", "--fleet"])
+        .arg(&files.fleet)
+        .arg("--sim-state")
+        .arg(&files.state)
+        .arg("--signal-file")
+        .arg(&files.signal)
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig())
+        .args(["--client-timeout-seconds", "60", "--poll-ms", "200"])
+        .env_remove("NODE_NAME")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(out)
+        .spawn()
+        .context("starting gpu-mig-manager")?;
+    Ok(Manager { child, log })
+}
+
+/// `gpu-stack mig assert` against the node's simulated GPUs: true when they match.
+fn mig_assert(files: &Files, node: &str, config: &str) -> Result<bool> {
+    let out = Command::new(binary("gpu-stack")?)
+        .args(["mig", "assert", "-f"])
+        .arg(&files.config)
+        .args(["-c", config, "--backend", "simulated", "--fleet"])
+        .arg(&files.fleet)
+        .args(["--node", node, "--sim-state"])
+        .arg(&files.state)
+        .args(["-o", "json"])
+        .output()
+        .context("running gpu-stack mig assert")?;
+    let code = out.status.code();
+    ensure!(
+        matches!(code, Some(0) | Some(1)),
+        "gpu-stack mig assert failed ({:?}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("assert output {}", String::from_utf8_lossy(&out.stdout)))?;
+    let matches = body["matches"].as_bool() == Some(true);
+    ensure!(
+        matches == (code == Some(0)),
+        "exit code {code:?} disagrees with {body}"
+    );
+    Ok(matches)
+}
+
+fn labels(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+fn deploy_labels(l: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    l.iter()
+        .filter(|(k, _)| k.starts_with("nvidia.com/gpu.deploy."))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+async fn label_node(client: &Client, node: &str, key: &str, value: &str) -> Result<()> {
+    let body = serde_json::json!({"metadata": {"labels": {key: value}}});
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(&body))
+        .await?;
+    Ok(())
+}
+
+async fn wait_label(client: &Client, node: &str, key: &str, want: &str) -> Result<Node> {
+    let api = Api::<Node>::all(client.clone());
+    let what = format!("{key}={want} on {node}");
+    Ok(wait_for(&what, LONG, || {
+        let api = api.clone();
+        async move {
+            let n = api.get(node).await?;
+            Ok((labels(&n).get(key).map(String::as_str) == Some(want)).then_some(n))
+        }
+    })
+    .await?)
+}
+
+/// Every (state, device-plugin deploy label) pair the node went through, in order.
+type History = Arc<Mutex<Vec<(Option<String>, Option<String>)>>>;
+
+fn record_history(client: &Client, node: &str) -> (History, tokio::task::JoinHandle<()>) {
+    let history: History = Arc::default();
+    let api = Api::<Node>::all(client.clone());
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let sink = history.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(api, cfg)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(n)) = stream.next().await {
+            let l = labels(&n);
+            let entry = (l.get(MIG_STATE).cloned(), l.get(DEPLOY_DP).cloned());
+            let mut h = sink.lock().unwrap_or_else(|p| p.into_inner());
+            if h.last() != Some(&entry) {
+                h.push(entry);
+            }
+        }
+    });
+    (history, task)
+}
+
+fn client_pod(node: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some("device-plugin".to_string()),
+            labels: Some(BTreeMap::from([(
+                "app".to_string(),
+                "nvidia-device-plugin-daemonset".to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.to_string()),
+            containers: vec![Container {
+                name: "plugin".to_string(),
+                image: Some("registry.invalid/device-plugin:test".to_string()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+#[tokio::test]
+async fn mig_manager_applies_the_labelled_config_and_fails_cleanly() -> Result<()> {
+    let cluster = TestCluster::attach().await?;
+    let client = cluster.client();
+    let prefix = format!("mig-{}", unique_suffix());
+    let fleet = GpuFleet::new(prefix, 1)
+        .with_label(DEPLOY_DP, "true")
+        .with_label(DEPLOY_GFD, "true")
+        .with_label(DEPLOY_EXPORTER, "false");
+    let names = cluster.create_gpu_nodes(&fleet).await?;
+    let node = names[0].clone();
+    let namespace = cluster.create_namespace("mig-e2e").await?;
+    let files = write_files(&node)?;
+
+    let outcome = scenario(&cluster, &client, &node, &namespace, &files).await;
+
+    cluster.delete_nodes(&names).await?;
+    cluster.delete_namespace(&namespace).await?;
+    if outcome.is_ok() {
+        let _ = std::fs::remove_dir_all(&files.dir);
+    }
+    outcome
+}
+
+async fn scenario(
+    cluster: &TestCluster,
+    client: &Client,
+    node: &str,
+    namespace: &str,
+    files: &Files,
+) -> Result<()> {
+    let nodes = Api::<Node>::all(client.clone());
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+    pods.create(&PostParams::default(), &client_pod(node))
+        .await?;
+    let before = deploy_labels(&labels(&nodes.get(node).await?));
+    ensure!(
+        !mig_assert(files, node, "all-1g.10gb")?,
+        "GPUs start without MIG"
+    );
+
+    let (history, watch) = record_history(client, node);
+    let mut manager = start_manager(cluster, node, files)?;
+    let run = async {
+        // 1. all-1g.10gb: pause, wait for the client pod, apply, restore.
+        label_node(client, node, MIG_CONFIG, "all-1g.10gb").await?;
+        let paused = wait_label(client, node, DEPLOY_DP, PAUSED).await?;
+        let l = labels(&paused);
+        ensure!(
+            l.get(MIG_STATE).map(String::as_str) == Some("pending"),
+            "clients paused while {MIG_STATE}={:?}",
+            l.get(MIG_STATE)
+        );
+        ensure!(
+            l.get(DEPLOY_EXPORTER).map(String::as_str) == Some("false"),
+            "a `false` deploy label is never overridden"
+        );
+        // The manager waits for the pod; the DaemonSet controller would delete it now.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let still = labels(&nodes.get(node).await?);
+        ensure!(
+            still.get(MIG_STATE).map(String::as_str) == Some("pending"),
+            "the manager went on while a client pod was still on the node"
+        );
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        pods.delete("device-plugin", &dp).await?;
+        let done = wait_label(client, node, MIG_STATE, "success").await?;
+        let l = labels(&done);
+        ensure!(
+            deploy_labels(&l) == before,
+            "deploy labels restored exactly: {l:?}"
+        );
+        let annotations = done.annotations();
+        ensure!(
+            !annotations.contains_key(PAUSE_RECORD) && !annotations.contains_key(FAILURE),
+            "no pause record or failure left: {annotations:?}"
+        );
+        ensure!(
+            mig_assert(files, node, "all-1g.10gb")?,
+            "GPUs have all-1g.10gb"
+        );
+        ensure!(
+            files.signal.is_file(),
+            "signal file written for the device plugin"
+        );
+
+        // 2. A config that cannot apply to H100s: failed, nothing paused, GPUs untouched.
+        label_node(client, node, MIG_CONFIG, "all-1g.6gb").await?;
+        let failed = wait_label(client, node, MIG_STATE, "failed").await?;
+        ensure!(
+            deploy_labels(&labels(&failed)) == before,
+            "labels restored on failure"
+        );
+        let reason = failed
+            .annotations()
+            .get(FAILURE)
+            .cloned()
+            .unwrap_or_default();
+        ensure!(
+            reason.contains("1g.6gb"),
+            "failure reason names the profile: {reason:?}"
+        );
+        ensure!(
+            mig_assert(files, node, "all-1g.10gb")?,
+            "GPUs keep their layout"
+        );
+        let events = Api::<Event>::namespaced(client.clone(), "default");
+        wait_for("a MigConfigFailed Event for the node", LONG, || {
+            let events = events.clone();
+            async move {
+                let list = events.list(&ListParams::default()).await?;
+                Ok(list
+                    .items
+                    .iter()
+                    .any(|e| {
+                        e.reason.as_deref() == Some("MigConfigFailed")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
+                    })
+                    .then_some(()))
+            }
+        })
+        .await?;
+
+        // 3. SIGTERM stops it cleanly.
+        let status = manager.terminate()?;
+        ensure!(status.success(), "gpu-mig-manager exited with {status}");
+        Ok::<(), anyhow::Error>(())
+    };
+    let result = run.await;
+    watch.abort();
+    if let Err(e) = result {
+        bail!("{e:#}\n--- gpu-mig-manager log ---\n{}", manager.log_tail());
+    }
+
+    let h = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let position = |state: &str, dp: Option<&str>| {
+        h.iter()
+            .position(|(s, d)| s.as_deref() == Some(state) && (dp.is_none() || d.as_deref() == dp))
+    };
+    let pending = position("pending", Some(PAUSED)).ok_or_else(|| anyhow!("no pending: {h:?}"))?;
+    let success = position("success", Some("true")).ok_or_else(|| anyhow!("no success: {h:?}"))?;
+    let failed = position("failed", Some("true")).ok_or_else(|| anyhow!("no failed: {h:?}"))?;
+    ensure!(pending < success && success < failed, "order: {h:?}");
+    ensure!(
+        h[success..]
+            .iter()
+            .all(|(s, _)| s.as_deref() != Some("pending")),
+        "the impossible config never went pending: {h:?}"
+    );
+    Ok(())
+}
