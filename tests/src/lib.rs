@@ -7,6 +7,8 @@
 //! says how to start it, so end-to-end tests never pass silently.
 //! [`GpuFleet`] describes fake GPU nodes as node feature discovery would label
 //! them; kwok keeps them Ready and runs the pods bound to them.
+pub mod binaries;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
