@@ -238,9 +238,9 @@ fn free_port() -> Result<u16> {
 }
 
 async fn policy_state(client: &Client, name: &str) -> Result<Option<ClusterPolicy>, kube::Error> {
-    Ok(Api::<ClusterPolicy>::all(client.clone())
+    Api::<ClusterPolicy>::all(client.clone())
         .get_opt(name)
-        .await?)
+        .await
 }
 
 async fn wait_policy(
@@ -935,7 +935,13 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         serde_json::json!({"driver": {"enabled": true}}),
     )
     .await?;
-    wait_policy(&admin, "cluster-policy", "ClusterPolicy ready", is_ready).await?;
+    wait_for("ClusterPolicy ready", Duration::from_secs(900), || async {
+        Ok(policy_state(&admin, "cluster-policy")
+            .await?
+            .filter(is_ready)
+            .map(|_| ()))
+    })
+    .await?;
     let ready = t.elapsed().as_secs_f64();
     let plugin = device_plugin_ds(&daemonsets(&admin, &namespace).await?)
         .ok_or_else(|| anyhow!("no device-plugin DaemonSet"))?;
