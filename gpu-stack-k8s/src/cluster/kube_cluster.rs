@@ -199,10 +199,13 @@ impl Cluster for KubeCluster {
         let c = &self.client;
         let ns = Some(self.namespace.as_str());
         let mut out = Vec::new();
+        // Only the operand namespace is ours: a labelled namespace left by
+        // another install must never be reported as owned (and so deleted).
         out.extend(
             self.list_kind(Api::<Namespace>::all(c.clone()), &lp)
                 .await?
                 .into_iter()
+                .filter(|n| n.metadata.name.as_deref() == Some(self.namespace.as_str()))
                 .map(Object::Namespace),
         );
         out.extend(
