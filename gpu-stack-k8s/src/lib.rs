@@ -11,3 +11,4 @@ pub mod desired;
 pub mod operator;
 pub mod kubelet_standin;
 pub mod migmanager;
+pub mod demo;

@@ -243,6 +243,34 @@ impl InMemoryCluster {
         st.refresh_daemonset_status();
     }
 
+    /// Changes one node in place (labels, annotations, status), as a node
+    /// agent's PATCH would: a change bumps the resource version, refreshes
+    /// DaemonSet status and notifies watchers; an edit that changes nothing
+    /// writes nothing. Returns the node as stored.
+    pub fn update_node(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut Node),
+    ) -> Result<Node, ClusterError> {
+        let mut st = self.lock();
+        let Some(mut n) = st.nodes.get(name).cloned() else {
+            return Err(ClusterError::NotFound {
+                what: format!("Node/{name}"),
+            });
+        };
+        let before = n.clone();
+        edit(&mut n);
+        if n == before {
+            return Ok(n);
+        }
+        n.metadata.resource_version = Some(st.next_rv());
+        st.writes += 1;
+        st.nodes.insert(name.to_string(), n.clone());
+        st.refresh_daemonset_status();
+        st.notify(NodeEvent::Applied(Box::new(n.clone())));
+        Ok(n)
+    }
+
     /// Write counters.
     pub fn stats(&self) -> WriteStats {
         let st = self.lock();

@@ -18,6 +18,7 @@ use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 pub mod kube_cluster;
 pub mod fleet;
 pub mod memory;
+pub mod node_api;
 pub mod object;
 pub mod selector;
 
