@@ -294,6 +294,9 @@ fn privileged() -> Option<SecurityContext> {
 const VALIDATIONS_VOLUME: &str = "run-nvidia-validations";
 const DRIVER_ROOT_VOLUME: &str = "driver-install-dir";
 const HOST_ROOT_VOLUME: &str = "host-root";
+/// Well-known node label carrying the node name; used to keep refused nodes
+/// out of a driver pool.
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 fn gate_container(ctx: &RenderContext, gate: Gate) -> Container {
     let validator = ctx.spec().image_settings(Component::OperatorValidator);
@@ -332,9 +335,19 @@ fn gate_container(ctx: &RenderContext, gate: Gate) -> Container {
             }
         }
         None => {
+            // Wait-only gates read the status files the privileged validator
+            // writes; an unprivileged container may not use Bidirectional
+            // propagation, so they see the host directory read-only with
+            // HostToContainer propagation (as NVIDIA's toolkit-validation does).
             c.command = Some(vec!["sh".into(), "-c".into()]);
             c.args = Some(vec![gate.wait_command()]);
             c.security_context = None;
+            c.volume_mounts = Some(vec![mount(
+                VALIDATIONS_VOLUME,
+                VALIDATIONS_DIR,
+                true,
+                Some("HostToContainer"),
+            )]);
         }
     }
     c
@@ -623,8 +636,10 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                 node_affinity: Some(NodeAffinity {
                     required_during_scheduling_ignored_during_execution: Some(NodeSelector {
                         node_selector_terms: vec![NodeSelectorTerm {
-                            match_fields: Some(vec![NodeSelectorRequirement {
-                                key: "metadata.name".into(),
+                            // A field selector on metadata.name takes exactly one
+                            // value with NotIn; the hostname label takes many.
+                            match_expressions: Some(vec![NodeSelectorRequirement {
+                                key: HOSTNAME_LABEL.into(),
                                 operator: "NotIn".into(),
                                 values: Some(p.excluded.clone()),
                             }]),
