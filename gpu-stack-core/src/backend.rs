@@ -413,6 +413,25 @@ pub struct GpuTelemetry {
     pub last_xid: Reading<u64>,
 }
 
+/// A compute process on a GPU as the driver lists it. On a MIG-enabled GPU it
+/// names the GPU instance and compute instance (the MIG device) it runs on, so
+/// a MIG change can tell which instances are busy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuProcess {
+    /// Process id (in the host's PID namespace).
+    pub pid: u32,
+    /// GPU memory the process uses in bytes; `None` when the driver does not say
+    /// (e.g. unprivileged callers, some virtualised setups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_memory_bytes: Option<u64>,
+    /// GPU-instance id on a MIG-enabled GPU; `None` when MIG is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance_id: Option<u32>,
+    /// Compute-instance id on a MIG-enabled GPU; `None` when MIG is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_instance_id: Option<u32>,
+}
+
 /// One telemetry sample of a MIG GPU instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MigTelemetry {
@@ -571,6 +590,16 @@ pub trait GpuBackend: Send + Sync {
 
     /// Subscribes to Xid and GPU-lost events of every GPU.
     fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError>;
+
+    /// Compute processes running on a GPU, each with its MIG instance when MIG
+    /// is on (the MIG manager refuses to destroy busy instances). Backends
+    /// that cannot list processes answer `NotSupported` (the default).
+    fn running_processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        Err(BackendError::NotSupported {
+            gpu,
+            operation: "listing running processes".into(),
+        })
+    }
 }
 
 /// MIG view of one GPU in a [`NodeSnapshot`].

@@ -14,6 +14,8 @@
 //!           enabled: true
 //!           instances: ["3g.20gb@4", "1g.5gb@0"]
 //!           in-use: ["3g.20gb@4"]
+//!     processes:                      # simulated GPUs: compute processes running
+//!       - { gpu: 0, pid: 4242, instance: "3g.20gb@4", used-memory-mib: 2048 }
 //! ```
 //!
 //! Every struct denies unknown fields, and every optional field has a serde
@@ -61,6 +63,10 @@ pub struct FleetNode {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub mig_change_needs_reset: bool,
+    /// Simulated GPUs: compute processes running on the node's GPUs (on a MIG
+    /// instance when MIG is on), as the driver's process list reports them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<FleetProcess>,
     /// Simulated GPUs: the driver version the node reports.
     #[serde(
         default,
@@ -85,6 +91,23 @@ pub struct FleetGpuSpec {
     /// Simulated GPUs: telemetry profile of these GPUs (the node's when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<SimTelemetry>,
+}
+
+/// A compute process on a simulated GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FleetProcess {
+    /// Index of the GPU on the node (after `count` is expanded).
+    pub gpu: u32,
+    /// Process id (not 0).
+    pub pid: u32,
+    /// The MIG instance it runs on (`profile@start`, one of the GPU's
+    /// `instances`); required when MIG is on, absent when it is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<PlacedInstance>,
+    /// GPU memory it uses, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_memory_mib: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -154,6 +177,58 @@ impl ResolvedGpu {
     }
 }
 
+/// Checks a node's `processes` against its GPUs and their MIG state.
+fn validate_processes(node: &FleetNode) -> Result<(), String> {
+    let mut gpus: Vec<Option<&MigState>> = Vec::new();
+    for spec in &node.gpus {
+        for _ in 0..spec.count {
+            gpus.push(spec.mig.as_ref());
+        }
+    }
+    for (i, p) in node.processes.iter().enumerate() {
+        let what = format!("processes[{i}] (pid {} on GPU {})", p.pid, p.gpu);
+        if p.pid == 0 {
+            return Err(format!("{what}: pid 0 is not a process id"));
+        }
+        if node.processes[..i]
+            .iter()
+            .any(|q| q.pid == p.pid && q.gpu == p.gpu)
+        {
+            return Err(format!(
+                "{what}: the pid appears twice on this GPU; give each process its own pid"
+            ));
+        }
+        let Some(mig) = gpus.get(p.gpu as usize) else {
+            return Err(format!(
+                "{what}: the node has {} GPUs; use an index below that",
+                gpus.len()
+            ));
+        };
+        let mig_on = mig.is_some_and(|m| m.enabled);
+        match (&p.instance, mig_on) {
+            (None, true) => {
+                return Err(format!(
+                    "{what}: MIG is on, so the process runs on a MIG instance; add instance: \"PROFILE@START\" naming one of the GPU's instances"
+                ));
+            }
+            (Some(inst), false) => {
+                return Err(format!(
+                    "{what}: names instance {inst} but MIG is off on that GPU; drop instance or enable MIG"
+                ));
+            }
+            (Some(inst), true) => {
+                if !mig.is_some_and(|m| m.instances.contains(inst)) {
+                    return Err(format!(
+                        "{what}: instance {inst} is not listed under the GPU's mig.instances"
+                    ));
+                }
+            }
+            (None, false) => {}
+        }
+    }
+    Ok(())
+}
+
 impl Fleet {
     /// Parses and validates a fleet file.
     pub fn from_yaml(text: &str) -> Result<Fleet, FleetError> {
@@ -181,6 +256,10 @@ impl Fleet {
                     reason: "node name appears twice; node names must be unique".into(),
                 });
             }
+            validate_processes(node).map_err(|reason| FleetError::Node {
+                node: node.name.clone(),
+                reason,
+            })?;
             for (gi, spec) in node.gpus.iter().enumerate() {
                 let err = |reason: String| FleetError::Gpu {
                     node: node.name.clone(),
@@ -268,5 +347,47 @@ impl Fleet {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(processes: &str) -> String {
+        format!(
+            "nodes:\n  - name: n\n    gpus:\n      - model: A100-SXM4-40GB\n        count: 2\n        mig: {{enabled: true, instances: [\"3g.20gb@4\", \"1g.5gb@0\"]}}\n      - model: A100-SXM4-40GB\n    processes: {processes}\n"
+        )
+    }
+
+    #[test]
+    fn processes_parse_and_resolve_per_gpu() {
+        let fleet = Fleet::from_yaml(&node(
+            "[{gpu: 1, pid: 7, instance: \"3g.20gb@4\", used-memory-mib: 512}, {gpu: 2, pid: 8}]",
+        ))
+        .unwrap();
+        let p = &fleet.nodes[0].processes;
+        assert_eq!(p.len(), 2);
+        assert_eq!(
+            p[0].instance,
+            Some("3g.20gb@4".parse::<PlacedInstance>().unwrap())
+        );
+        assert_eq!(p[0].used_memory_mib, Some(512));
+        assert_eq!(p[1].instance, None);
+    }
+
+    #[test]
+    fn bad_processes_are_refused_with_the_reason() {
+        for (processes, needle) in [
+            ("[{gpu: 0, pid: 7}]", "add instance"),
+            ("[{gpu: 2, pid: 7, instance: \"1g.5gb@0\"}]", "MIG is off"),
+            ("[{gpu: 0, pid: 7, instance: \"1g.5gb@6\"}]", "not listed"),
+            ("[{gpu: 3, pid: 7}]", "has 3 GPUs"),
+            ("[{gpu: 2, pid: 0}]", "pid 0"),
+            ("[{gpu: 2, pid: 5}, {gpu: 2, pid: 5}]", "twice"),
+        ] {
+            let err = Fleet::from_yaml(&node(processes)).unwrap_err().to_string();
+            assert!(err.contains(needle), "{processes}: {err}");
+        }
     }
 }

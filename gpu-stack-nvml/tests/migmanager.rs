@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gpu_stack_core::backend::{
     BackendError, ComputeInstance, GpuBackend, GpuInfo, GpuInstance, GpuInstanceProfile,
-    GpuTelemetry, HealthEvents, MigMode, MigModeChange, MigTelemetry, SlicePlacement, SystemInfo,
+    GpuProcess, GpuTelemetry, HealthEvents, MigMode, MigModeChange, MigTelemetry, SlicePlacement,
+    SystemInfo,
 };
 use gpu_stack_core::migparted::MigPartedConfig;
 use gpu_stack_nvml::migapply::{
@@ -236,6 +237,9 @@ impl GpuBackend for Faulty<'_> {
     }
     fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError> {
         self.inner.health_events()
+    }
+    fn running_processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        self.inner.running_processes(gpu)
     }
 }
 

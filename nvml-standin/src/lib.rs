@@ -1044,6 +1044,60 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(dev: nvmlDevice_t, id: *
     run(|| unsafe { put(id, mig_of(dev)?.ci) })
 }
 
+// ---- processes ----
+
+/// `nvmlDeviceGetComputeRunningProcesses_v3`: on a GPU handle every process of
+/// the GPU (with MIG ids when MIG is on, as NVML gives a privileged caller); on
+/// a MIG device handle the processes of that MIG device. With `infos` null or
+/// `*count` too small, `*count` gets the number needed and the answer is
+/// `NVML_ERROR_INSUFFICIENT_SIZE` (success when there are none).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> Ret {
+    run(|| {
+        if count.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let d = decode(dev);
+        let all = match d.kind {
+            KIND_DEVICE => backend()?.running_processes(d.gpu).c()?,
+            KIND_MIG => backend()?
+                .running_processes(d.gpu)
+                .c()?
+                .into_iter()
+                .filter(|p| p.gpu_instance_id == Some(d.gi) && p.compute_instance_id == Some(d.ci))
+                .collect(),
+            _ => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        };
+        // SAFETY: non-null, checked above; the caller passes the room it has.
+        let room = unsafe { *count } as usize;
+        unsafe { put(count, all.len() as c_uint)? };
+        if all.is_empty() {
+            return Ok(());
+        }
+        if infos.is_null() || room < all.len() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        const NO_VALUE: c_uint = 0xFFFF_FFFF;
+        for (i, p) in all.iter().enumerate() {
+            let info = nvmlProcessInfo_t {
+                pid: p.pid,
+                usedGpuMemory: p
+                    .used_memory_bytes
+                    .unwrap_or(NVML_VALUE_NOT_AVAILABLE as c_ulonglong),
+                gpuInstanceId: p.gpu_instance_id.unwrap_or(NO_VALUE),
+                computeInstanceId: p.compute_instance_id.unwrap_or(NO_VALUE),
+            };
+            // SAFETY: `infos` has room for `room >= all.len()` entries.
+            unsafe { infos.add(i).write(info) };
+        }
+        Ok(())
+    })
+}
+
 // ---- events ----
 
 #[unsafe(no_mangle)]

@@ -7,12 +7,18 @@
 //! ([`gpu_stack_core::migmanager::plan_gpu`]) and runs the steps. Nothing is
 //! remembered between rounds or between runs, so a run killed after any backend
 //! call is finished by the next run, which starts again from what the GPUs hold.
+//!
+//! Every read also lists the compute processes of each MIG-capable GPU
+//! ([`GpuBackend::running_processes`], through [`BackendProcesses`]); an
+//! instance the change would destroy while a process runs on it stops the
+//! apply before anything changes unless it is forced ([`ApplyError::Busy`]
+//! names the GPU, the instance and the pids).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use gpu_stack_core::backend::{
-    BackendError, GpuBackend, GpuInfo, MigModeChange, MigState, SlicePlacement,
+    BackendError, GpuBackend, GpuInfo, GpuProcess, MigModeChange, MigState, SlicePlacement,
 };
 use gpu_stack_core::catalog;
 use gpu_stack_core::mig::{MigGeometry, MigProfileName, PlacedInstance};
@@ -23,17 +29,94 @@ use gpu_stack_core::migmanager::{
 use gpu_stack_core::migparted::MigPartedConfig;
 use serde::Serialize;
 
-/// Who runs on a MIG instance or GPU. The backend trait has no process query,
-/// so the caller supplies one; without it nothing is known to run.
+/// Who runs on a MIG instance or GPU. The apply path always asks the backend
+/// ([`BackendProcesses`]); a caller's probe adds processes the driver cannot
+/// see (the union counts).
 pub trait ProcessProbe {
     /// Process ids on GPU `gpu`, GPU instance `gi`, compute instance `ci`
     /// (`None`s: anywhere on that GPU / GPU instance).
     fn processes(&self, gpu: u32, gi: Option<u32>, ci: Option<u32>) -> Vec<u32>;
 }
 
-/// A probe that sees no processes.
+/// A probe that adds no processes to those the backend lists.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoProcesses;
+
+/// The [`ProcessProbe`] over [`GpuBackend::running_processes`]: the process
+/// lists of some GPUs, read once, answered from memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendProcesses {
+    by_gpu: BTreeMap<u32, Vec<GpuProcess>>,
+}
+
+impl BackendProcesses {
+    /// Reads the process list of each GPU in `gpus`. A backend or driver that
+    /// cannot list processes (`NotSupported`, `MissingFunction`) counts as
+    /// none running on that GPU; any other error is returned with its GPU.
+    pub fn read(
+        backend: &dyn GpuBackend,
+        gpus: impl IntoIterator<Item = u32>,
+    ) -> Result<Self, (u32, BackendError)> {
+        let mut by_gpu = BTreeMap::new();
+        for gpu in gpus {
+            match backend.running_processes(gpu) {
+                Ok(list) => {
+                    by_gpu.insert(gpu, list);
+                }
+                Err(BackendError::NotSupported { .. })
+                | Err(BackendError::MissingFunction { .. }) => {
+                    tracing::debug!(
+                        gpu,
+                        backend = backend.name(),
+                        "the backend cannot list processes; none are known to run"
+                    );
+                }
+                Err(e) => return Err((gpu, e)),
+            }
+        }
+        Ok(BackendProcesses { by_gpu })
+    }
+
+    /// The processes read for `gpu`.
+    pub fn of(&self, gpu: u32) -> &[GpuProcess] {
+        self.by_gpu.get(&gpu).map(Vec::as_slice).unwrap_or(&[])
+    }
+}
+
+impl ProcessProbe for BackendProcesses {
+    fn processes(&self, gpu: u32, gi: Option<u32>, ci: Option<u32>) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .of(gpu)
+            .iter()
+            .filter(|p| match gi {
+                None => true,
+                Some(gi) => {
+                    p.gpu_instance_id == Some(gi)
+                        && ci.is_none_or(|ci| p.compute_instance_id == Some(ci))
+                }
+            })
+            .map(|p| p.pid)
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+}
+
+/// Both probes' processes, sorted, once each.
+fn union(
+    a: &dyn ProcessProbe,
+    b: &dyn ProcessProbe,
+    gpu: u32,
+    gi: Option<u32>,
+    ci: Option<u32>,
+) -> Vec<u32> {
+    let mut pids = a.processes(gpu, gi, ci);
+    pids.extend(b.processes(gpu, gi, ci));
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
 
 impl ProcessProbe for NoProcesses {
     fn processes(&self, _: u32, _: Option<u32>, _: Option<u32>) -> Vec<u32> {
@@ -149,11 +232,20 @@ impl GpuSnapshot {
     }
 }
 
-/// Reads every GPU: inventory, MIG mode and instances. Costs one inventory
-/// call plus one MIG read per MIG-capable GPU.
+/// Reads every GPU: inventory, MIG mode, instances and the processes on
+/// them (the backend's list plus `probe`'s). Costs one inventory call plus two
+/// reads (MIG state, processes) per MIG-capable GPU.
 pub fn observe(
     backend: &dyn GpuBackend,
     probe: &dyn ProcessProbe,
+) -> Result<Vec<GpuSnapshot>, ApplyError> {
+    observe_with(backend, probe, true)
+}
+
+fn observe_with(
+    backend: &dyn GpuBackend,
+    extra: &dyn ProcessProbe,
+    list_processes: bool,
 ) -> Result<Vec<GpuSnapshot>, ApplyError> {
     let inventory = backend
         .inventory()
@@ -164,6 +256,20 @@ pub fn observe(
             source: bad.error.clone(),
         });
     }
+    let listed = if list_processes {
+        let capable = inventory
+            .gpus
+            .iter()
+            .filter(|g| g.mig_capable)
+            .map(|g| g.index);
+        BackendProcesses::read(backend, capable).map_err(|(gpu, source)| ApplyError::Read {
+            gpu: Some(gpu),
+            source,
+        })?
+    } else {
+        BackendProcesses::default()
+    };
+    let probe = |gpu: u32, gi: Option<u32>, ci: Option<u32>| union(extra, &listed, gpu, gi, ci);
     let mut out = Vec::new();
     for info in inventory.gpus {
         let index = info.index;
@@ -209,12 +315,12 @@ pub fn observe(
                         .map(|ci| ObservedCi {
                             id: ci.id,
                             profile: ci.slice_count,
-                            processes: probe.processes(index, Some(gi.id), Some(ci.id)),
+                            processes: probe(index, Some(gi.id), Some(ci.id)),
                         })
                         .collect(),
                 })
                 .collect(),
-            processes: probe.processes(index, None, None),
+            processes: probe(index, None, None),
         };
         let layout = gis
             .iter()
@@ -461,7 +567,7 @@ pub fn apply(
     for round in 1..=MAX_ROUNDS {
         report.rounds = round;
         let snapshots = observe(backend, probe)?;
-        report.read_calls += 1 + snapshots.iter().filter(|s| s.mig.is_some()).count();
+        report.read_calls += 1 + 2 * snapshots.iter().filter(|s| s.mig.is_some()).count();
         let plan = plan_from(snapshots, config, name)?;
         report.gpus = plan.reports();
         if first {
@@ -639,7 +745,7 @@ pub fn apply(
 /// one entry per group of GPUs (same PCI id and same layout), with the GPU
 /// indices. Applying it to the same node changes nothing.
 pub fn export(backend: &dyn GpuBackend, name: &str) -> Result<ExportedConfig, ApplyError> {
-    let snapshots = observe(backend, &NoProcesses)?;
+    let snapshots = observe_with(backend, &NoProcesses, false)?;
     // (PCI id, MIG on, profile counts, GPU indices) per group of identical GPUs.
     type Group = (u32, bool, BTreeMap<String, u32>, Vec<u32>);
     let mut groups: Vec<Group> = Vec::new();

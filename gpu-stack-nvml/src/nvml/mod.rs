@@ -16,12 +16,13 @@ use std::time::Duration;
 
 use gpu_stack_core::backend::{
     BackendError, ComputeInstance, FbMemory, GpuBackend, GpuInfo, GpuInstance, GpuInstanceProfile,
-    GpuTelemetry, HealthEvent, HealthEventKind, HealthEvents, MigMode, MigModeChange, MigTelemetry,
-    Reading, RemappedRows, SlicePlacement, SystemInfo,
+    GpuProcess, GpuTelemetry, HealthEvent, HealthEventKind, HealthEvents, MigMode, MigModeChange,
+    MigTelemetry, Reading, RemappedRows, SlicePlacement, SystemInfo,
 };
 use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor};
-use nvml_wrapper::enums::device::DeviceArchitecture;
+use nvml_wrapper::enums::device::{DeviceArchitecture, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::nvmlDevice_t;
 
@@ -87,6 +88,20 @@ fn reading<T>(r: Result<T, BackendError>) -> Result<Reading<T>, BackendError> {
         }
         Err(e @ BackendError::GpuLost { .. }) => Err(e),
         Err(e) => Ok(Reading::Error(e.to_string())),
+    }
+}
+
+/// A process from NVML's list, attributed to MIG device `ids` when it was
+/// listed through one (NVML fills the ids itself only on parent handles).
+fn process(p: ProcessInfo, ids: Option<(u32, u32)>) -> GpuProcess {
+    GpuProcess {
+        pid: p.pid,
+        used_memory_bytes: match p.used_gpu_memory {
+            UsedGpuMemory::Used(b) => Some(b),
+            UsedGpuMemory::Unavailable => None,
+        },
+        gpu_instance_id: ids.map(|i| i.0).or(p.gpu_instance_id),
+        compute_instance_id: ids.map(|i| i.1).or(p.compute_instance_id),
     }
 }
 
@@ -674,6 +689,43 @@ impl GpuBackend for NvmlBackend {
                 dram_active: Reading::NotSupported,
             })
             .collect())
+    }
+
+    /// With MIG on, each MIG device handle is asked for its compute processes
+    /// (`nvmlDeviceGetComputeRunningProcesses_v3` per MIG device), so every
+    /// process carries its GPU- and compute-instance ids whatever the caller's
+    /// privileges; with MIG off (or on GPUs without MIG) the GPU itself is asked.
+    fn running_processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        let dev = self.device(gpu)?;
+        let mig_on = match dev.mig_mode() {
+            Ok(m) => m.current == 1,
+            Err(NvmlError::NotSupported) | Err(NvmlError::FunctionNotFound) => false,
+            Err(e) => return Err(map_err(e, gpu, "MIG mode")),
+        };
+        if !mig_on {
+            let list = dev
+                .running_compute_processes()
+                .map_err(|e| map_err(e, gpu, "running compute processes"))?;
+            return Ok(list.into_iter().map(|p| process(p, None)).collect());
+        }
+        let max = dev
+            .mig_device_count()
+            .map_err(|e| map_err(e, gpu, "MIG device count"))?;
+        let mut out = Vec::new();
+        for i in 0..max {
+            let mig = match dev.mig_device_by_index(i) {
+                Ok(m) => m,
+                Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
+                Err(e) => return Err(map_err(e, gpu, "MIG device handle")),
+            };
+            let ids = raw::mig_device_ids(&self.nvml, Self::handle(&mig), gpu)?;
+            let list = mig
+                .running_compute_processes()
+                .map_err(|e| map_err(e, gpu, "running compute processes on a MIG device"))?;
+            out.extend(list.into_iter().map(|p| process(p, Some(ids))));
+        }
+        out.sort_by_key(|p| (p.gpu_instance_id, p.compute_instance_id, p.pid));
+        Ok(out)
     }
 
     fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError> {

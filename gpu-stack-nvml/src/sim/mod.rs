@@ -15,14 +15,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpu_stack_core::backend::{
     BackendError, CallClass, ComputeInstance, Fault, FaultError, FaultSpec, GpuBackend, GpuInfo,
-    GpuInstance, GpuInstanceProfile, GpuTelemetry, HealthEvent, HealthEventKind, HealthEvents,
-    MigMode, MigModeChange, MigTelemetry, SimTelemetry, SlicePlacement, SystemInfo,
+    GpuInstance, GpuInstanceProfile, GpuProcess, GpuTelemetry, HealthEvent, HealthEventKind,
+    HealthEvents, MigMode, MigModeChange, MigTelemetry, SimTelemetry, SlicePlacement, SystemInfo,
 };
 use gpu_stack_core::catalog::{self, GpuModel};
-use gpu_stack_core::fleet::{Fleet, FleetNode};
+use gpu_stack_core::fleet::{Fleet, FleetNode, FleetProcess};
 use gpu_stack_core::mig::{self, MigGeometry, PlacedInstance, Violation};
 
-use state::{CiState, GiState, GpuState, NodeState, STATE_VERSION, ScheduledFault, Store};
+use state::{
+    CiState, GiState, GpuState, NodeState, ProcState, STATE_VERSION, ScheduledFault, Store,
+};
 use telemetry::mix;
 
 const MIB: u64 = 1 << 20;
@@ -77,6 +79,18 @@ pub enum SimError {
         /// GPUs on the node.
         count: usize,
     },
+    /// A declared process cannot run where it is placed.
+    #[error("node {node}, GPU {gpu}: process {pid}: {reason}")]
+    BadProcess {
+        /// Node.
+        node: String,
+        /// GPU index.
+        gpu: u32,
+        /// Process id.
+        pid: u32,
+        /// What is wrong.
+        reason: String,
+    },
     /// The fleet file could not be used.
     #[error("{0}")]
     Fleet(String),
@@ -99,6 +113,10 @@ pub struct SimGpuSpec {
     pub in_use: Vec<PlacedInstance>,
     /// Telemetry profile; the node's when `None`.
     pub telemetry: Option<SimTelemetry>,
+    /// Compute processes running at start (the `gpu` field is ignored; an
+    /// `instance` must be one of `instances`). They end when their instance is
+    /// destroyed, the MIG mode changes or the GPU is reset.
+    pub processes: Vec<FleetProcess>,
 }
 
 impl SimGpuSpec {
@@ -110,6 +128,7 @@ impl SimGpuSpec {
             instances: Vec::new(),
             in_use: Vec::new(),
             telemetry: None,
+            processes: Vec::new(),
         }
     }
 }
@@ -181,12 +200,19 @@ impl SimNodeSpec {
         for g in &n.gpus {
             let mig = g.mig.clone().unwrap_or_default();
             for _ in 0..g.count {
+                let index = gpus.len() as u32;
                 gpus.push(SimGpuSpec {
                     model: g.model.clone(),
                     mig_enabled: mig.enabled,
                     instances: mig.instances.clone(),
                     in_use: mig.in_use.clone(),
                     telemetry: g.telemetry,
+                    processes: n
+                        .processes
+                        .iter()
+                        .filter(|p| p.gpu == index)
+                        .cloned()
+                        .collect(),
                 });
             }
         }
@@ -337,6 +363,15 @@ fn lowest_free(used: impl Iterator<Item = u32>, from: u32) -> u32 {
         }
     }
     id
+}
+
+fn proc_public(p: &ProcState) -> GpuProcess {
+    GpuProcess {
+        pid: p.pid,
+        used_memory_bytes: p.used_memory_mib.map(|m| m * MIB),
+        gpu_instance_id: p.gpu_instance,
+        compute_instance_id: p.compute_instance,
+    }
 }
 
 fn ci_public(gi: &GiState, ci: &CiState) -> ComputeInstance {
@@ -525,6 +560,153 @@ impl SimulatedBackend {
         })
     }
 
+    /// Starts a simulated compute process on GPU `gpu`: on MIG device
+    /// (`gpu_instance`, `compute_instance`) when MIG is on (the compute
+    /// instance defaults to the GPU instance's first), on the whole GPU when it
+    /// is off. `pid` defaults to the lowest free id from 4000. The process is
+    /// listed by [`GpuBackend::running_processes`] until it is stopped, its
+    /// instance is destroyed, the MIG mode changes or the GPU is reset.
+    pub fn start_process(
+        &self,
+        gpu: u32,
+        gpu_instance: Option<u32>,
+        compute_instance: Option<u32>,
+        pid: Option<u32>,
+        used_memory_mib: Option<u64>,
+    ) -> Result<GpuProcess, BackendError> {
+        self.on_gpu(gpu, CallClass::Inventory, |g, node, _| {
+            let (gi, ci) = match (g.mig_current, gpu_instance) {
+                (true, Some(gi_id)) => {
+                    let gi = g
+                        .gpu_instances
+                        .iter()
+                        .find(|x| x.id == gi_id)
+                        .ok_or_else(|| BackendError::NotFound {
+                            what: format!(
+                                "GPU instance {gi_id} on GPU {gpu} (instances: {:?})",
+                                g.gpu_instances.iter().map(|x| x.id).collect::<Vec<_>>()
+                            ),
+                        })?;
+                    let ci = match compute_instance {
+                        Some(c) => gi
+                            .compute_instances
+                            .iter()
+                            .find(|x| x.id == c)
+                            .map(|x| x.id),
+                        None => gi.compute_instances.first().map(|x| x.id),
+                    }
+                    .ok_or_else(|| BackendError::NotFound {
+                        what: format!(
+                            "compute instance {} in GPU instance {gi_id} on GPU {gpu}; a process runs on a compute instance",
+                            compute_instance.map_or("(any)".to_string(), |c| c.to_string())
+                        ),
+                    })?;
+                    (Some(gi_id), Some(ci))
+                }
+                (true, None) => {
+                    return Err(BackendError::InvalidArgument {
+                        gpu,
+                        detail: "MIG is on: a process runs on a MIG device; name its GPU instance (GPU:GI)".into(),
+                    });
+                }
+                (false, Some(gi_id)) => {
+                    return Err(BackendError::InvalidArgument {
+                        gpu,
+                        detail: format!(
+                            "MIG is off, so there is no GPU instance {gi_id}; start the process on the whole GPU"
+                        ),
+                    });
+                }
+                (false, None) => (None, None),
+            };
+            let taken = |p: u32| {
+                node.gpus
+                    .iter()
+                    .chain(std::iter::once(&*g))
+                    .any(|x| x.processes.iter().any(|q| q.pid == p))
+            };
+            let pid = match pid {
+                Some(0) => {
+                    return Err(BackendError::InvalidArgument {
+                        gpu,
+                        detail: "pid 0 is not a process id".into(),
+                    });
+                }
+                Some(p) if g.processes.iter().any(|q| q.pid == p) => {
+                    return Err(BackendError::InvalidArgument {
+                        gpu,
+                        detail: format!("process {p} already runs on this GPU"),
+                    });
+                }
+                Some(p) => p,
+                None => (4000u32..).find(|p| !taken(*p)).unwrap_or(u32::MAX),
+            };
+            let proc = ProcState {
+                pid,
+                gpu_instance: gi,
+                compute_instance: ci,
+                used_memory_mib,
+            };
+            let out = proc_public(&proc);
+            g.processes.push(proc);
+            Ok(out)
+        })
+    }
+
+    /// Stops simulated process `pid` on GPU `gpu`, or on every GPU of the node
+    /// when `gpu` is `None`. Returns how many processes ended; `NotFound` when
+    /// none had that pid.
+    pub fn stop_process(&self, gpu: Option<u32>, pid: u32) -> Result<usize, BackendError> {
+        let now = self.now_ms();
+        self.shared.store.update(|s| {
+            advance(s, now);
+            if let Some(g) = gpu
+                && g as usize >= s.gpus.len()
+            {
+                return Err(BackendError::NotFound {
+                    what: format!("GPU {g} (the node has {} GPUs)", s.gpus.len()),
+                });
+            }
+            let mut ended = 0;
+            for g in s.gpus.iter_mut() {
+                if gpu.is_some_and(|i| i != g.index) {
+                    continue;
+                }
+                let before = g.processes.len();
+                g.processes.retain(|p| p.pid != pid);
+                ended += before - g.processes.len();
+            }
+            if ended == 0 {
+                return Err(BackendError::NotFound {
+                    what: format!(
+                        "process {pid} on {}",
+                        gpu.map_or("any GPU".to_string(), |g| format!("GPU {g}"))
+                    ),
+                });
+            }
+            Ok(ended)
+        })
+    }
+
+    /// Simulates a node reboot: every GPU comes back with its pending MIG
+    /// mode in force, no MIG instances (they do not survive a reboot, which
+    /// is why the MIG manager applies its config at start), no processes, and
+    /// answering again if it had fallen off the bus.
+    pub fn reboot(&self) -> Result<(), BackendError> {
+        let now = self.now_ms();
+        self.shared.store.update(|s| {
+            advance(s, now);
+            for g in s.gpus.iter_mut() {
+                g.mig_current = g.mig_pending;
+                g.gpu_instances.clear();
+                g.processes.clear();
+                g.in_use = false;
+                g.lost = false;
+            }
+            Ok(())
+        })
+    }
+
     /// A copy of the whole node state (for tests and debugging).
     pub fn snapshot(&self) -> Result<NodeState, BackendError> {
         let now = self.now_ms();
@@ -651,6 +833,39 @@ fn initial_state(spec: &SimNodeSpec) -> Result<NodeState, SimError> {
                 });
             }
         }
+        let mut processes: Vec<ProcState> = Vec::new();
+        for p in &g.processes {
+            let bad = |reason: String| SimError::BadProcess {
+                node: spec.node.clone(),
+                gpu: index,
+                pid: p.pid,
+                reason,
+            };
+            if p.pid == 0 || processes.iter().any(|q| q.pid == p.pid) {
+                return Err(bad("pid is 0 or appears twice on this GPU".into()));
+            }
+            let gpu_instance = match (&p.instance, g.mig_enabled) {
+                (Some(inst), true) => {
+                    let k = g.instances.iter().position(|i| i == inst).ok_or_else(|| {
+                        bad(format!("instance {inst} is not one of the GPU's instances"))
+                    })?;
+                    Some(k as u32 + 1)
+                }
+                (None, false) => None,
+                (None, true) => {
+                    return Err(bad("MIG is on: name the instance it runs on".into()));
+                }
+                (Some(inst), false) => {
+                    return Err(bad(format!("names instance {inst} but MIG is off")));
+                }
+            };
+            processes.push(ProcState {
+                pid: p.pid,
+                gpu_instance,
+                compute_instance: gpu_instance.map(|_| 0),
+                used_memory_mib: p.used_memory_mib,
+            });
+        }
         let mut telemetry = g.telemetry.unwrap_or(spec.telemetry);
         telemetry.seed ^= mix(u64::from(index));
         gpus.push(GpuState {
@@ -666,6 +881,7 @@ fn initial_state(spec: &SimNodeSpec) -> Result<NodeState, SimError> {
             last_xid: 0,
             gpu_instances: gis,
             telemetry,
+            processes,
         });
     }
     for f in &spec.faults {
@@ -808,6 +1024,10 @@ impl GpuBackend for SimulatedBackend {
             if node.mig_change_needs_reset && g.mig_current != enabled {
                 Ok(MigModeChange::PendingReset)
             } else {
+                if g.mig_current != enabled {
+                    // Processes do not survive a MIG mode change.
+                    g.processes.clear();
+                }
                 g.mig_current = enabled;
                 Ok(MigModeChange::Applied)
             }
@@ -1034,6 +1254,11 @@ impl GpuBackend for SimulatedBackend {
                     ),
                 });
             }
+            // Processes on a destroyed MIG device end with it.
+            g.processes.retain(|p| {
+                p.gpu_instance != Some(gpu_instance_id)
+                    || p.compute_instance != Some(compute_instance_id)
+            });
             Ok(())
         })
     }
@@ -1059,6 +1284,8 @@ impl GpuBackend for SimulatedBackend {
                 });
             }
             g.gpu_instances.remove(pos);
+            g.processes
+                .retain(|p| p.gpu_instance != Some(gpu_instance_id));
             Ok(())
         })
     }
@@ -1082,6 +1309,7 @@ impl GpuBackend for SimulatedBackend {
                 });
             }
             g.lost = false;
+            g.processes.clear();
             g.mig_current = g.mig_pending;
             if !g.mig_current {
                 g.gpu_instances.clear();
@@ -1112,6 +1340,14 @@ impl GpuBackend for SimulatedBackend {
                     telemetry::mig_sample(model, g, gi, mib, tick)
                 })
                 .collect())
+        })
+    }
+
+    fn running_processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, BackendError> {
+        self.on_gpu(gpu, CallClass::Inventory, |g, _, _| {
+            let mut out: Vec<GpuProcess> = g.processes.iter().map(proc_public).collect();
+            out.sort_by_key(|p| (p.gpu_instance_id, p.compute_instance_id, p.pid));
+            Ok(out)
         })
     }
 

@@ -47,6 +47,22 @@ pub struct GiState {
     pub compute_instances: Vec<CiState>,
 }
 
+/// A compute process on a simulated GPU, as the process list reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcState {
+    /// Process id.
+    pub pid: u32,
+    /// GPU instance it runs on (MIG on).
+    #[serde(default)]
+    pub gpu_instance: Option<u32>,
+    /// Compute instance it runs on (MIG on).
+    #[serde(default)]
+    pub compute_instance: Option<u32>,
+    /// GPU memory it uses, in MiB.
+    #[serde(default)]
+    pub used_memory_mib: Option<u64>,
+}
+
 /// One simulated GPU.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuState {
@@ -74,6 +90,10 @@ pub struct GpuState {
     pub gpu_instances: Vec<GiState>,
     /// Telemetry profile.
     pub telemetry: SimTelemetry,
+    /// Compute processes the process list reports (files written before
+    /// processes existed read as none).
+    #[serde(default)]
+    pub processes: Vec<ProcState>,
 }
 
 /// A health event in the node's log.
