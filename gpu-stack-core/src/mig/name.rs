@@ -11,6 +11,7 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -30,13 +31,27 @@ pub struct ProfileNameError {
 ///
 /// Equality follows NVIDIA's tooling: `1c.1g.5gb` equals `1g.5gb` (the compute
 /// count defaults to the GPU-slice count), while the text still round-trips.
-#[derive(Debug, Clone, Eq)]
+#[derive(Clone, Eq)]
 pub struct MigProfileName {
     compute: Option<u32>,
     gpu_slices: u32,
     memory_gb: u32,
     negative: bool,
-    attributes: Vec<String>,
+    /// `None` when there are none. Shared, so cloning a name (layouts are
+    /// built by cloning profile names) never allocates.
+    attributes: Option<Arc<[String]>>,
+}
+
+impl fmt::Debug for MigProfileName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MigProfileName")
+            .field("compute", &self.compute)
+            .field("gpu_slices", &self.gpu_slices)
+            .field("memory_gb", &self.memory_gb)
+            .field("negative", &self.negative)
+            .field("attributes", &self.attributes())
+            .finish()
+    }
 }
 
 /// The media-engine variant a profile name asks for.
@@ -61,21 +76,21 @@ impl MigProfileName {
             gpu_slices,
             memory_gb,
             negative: false,
-            attributes: Vec::new(),
+            attributes: None,
         }
     }
 
     /// The same name with one more positive attribute (`+me`, `+gfx`, `+me.all`).
     pub fn with_attribute(mut self, attribute: &str) -> Self {
         self.negative = false;
-        self.attributes.push(attribute.to_string());
+        self.push_attribute(attribute);
         self
     }
 
     /// The same name with one more negative attribute (`-me`).
     pub fn without_attribute(mut self, attribute: &str) -> Self {
         self.negative = true;
-        self.attributes.push(attribute.to_string());
+        self.push_attribute(attribute);
         self
     }
 
@@ -107,7 +122,13 @@ impl MigProfileName {
 
     /// Attributes in written order (without the sign).
     pub fn attributes(&self) -> &[String] {
-        &self.attributes
+        self.attributes.as_deref().unwrap_or(&[])
+    }
+
+    fn push_attribute(&mut self, attribute: &str) {
+        let mut all = self.attributes().to_vec();
+        all.push(attribute.to_string());
+        self.attributes = Some(all.into());
     }
 
     /// Whether the attributes are negative (`-me`).
@@ -136,12 +157,12 @@ impl MigProfileName {
         self.gpu_slices == other.gpu_slices
             && self.memory_gb == other.memory_gb
             && self.negative == other.negative
-            && self.attributes == other.attributes
+            && self.attributes() == other.attributes()
     }
 
     /// The media variant the attributes select.
     pub fn media_variant(&self) -> MediaVariant {
-        let has = |a: &str| self.attributes.iter().any(|x| x == a);
+        let has = |a: &str| self.attributes().iter().any(|x| x == a);
         if self.negative && has("me") {
             MediaVariant::NoMe
         } else if !self.negative && has("me.all") {
@@ -211,7 +232,7 @@ impl MigProfileName {
             gpu_slices,
             memory_gb,
             negative,
-            attributes,
+            attributes: (!attributes.is_empty()).then(|| attributes.into()),
         })
     }
 }
@@ -266,7 +287,7 @@ impl PartialEq for MigProfileName {
             && self.gpu_slices == other.gpu_slices
             && self.memory_gb == other.memory_gb
             && self.negative == other.negative
-            && self.attributes == other.attributes
+            && self.attributes() == other.attributes()
     }
 }
 
@@ -276,7 +297,7 @@ impl Hash for MigProfileName {
         self.gpu_slices.hash(state);
         self.memory_gb.hash(state);
         self.negative.hash(state);
-        self.attributes.hash(state);
+        self.attributes().hash(state);
     }
 }
 
@@ -296,7 +317,7 @@ impl Ord for MigProfileName {
             .then(other.compute_slices().cmp(&self.compute_slices()))
             .then(other.memory_gb.cmp(&self.memory_gb))
             .then(self.negative.cmp(&other.negative))
-            .then(self.attributes.cmp(&other.attributes))
+            .then(self.attributes().cmp(other.attributes()))
     }
 }
 
@@ -306,9 +327,9 @@ impl fmt::Display for MigProfileName {
             write!(f, "{c}c.")?;
         }
         write!(f, "{}g.{}gb", self.gpu_slices, self.memory_gb)?;
-        if !self.attributes.is_empty() {
+        if !self.attributes().is_empty() {
             f.write_str(if self.negative { "-" } else { "+" })?;
-            f.write_str(&self.attributes.join(","))?;
+            f.write_str(&self.attributes().join(","))?;
         }
         Ok(())
     }

@@ -509,35 +509,89 @@ fn enumerate(
     let compiled = Compiled::new(geometry)?;
     let cands = selected_cands(geometry, &compiled, profiles)?;
     let insts: Vec<PlacedInstance> = cands.iter().map(|c| to_instance(geometry, c)).collect();
-    let mut out = Vec::new();
-    let mut emit = |layout: &[usize]| {
-        out.push(layout.iter().map(|&i| insts[i].clone()).collect());
-    };
-    let mut chosen = Vec::with_capacity(cands.len());
-    match CandBits::new(&compiled, &cands) {
-        Some(bits) => {
-            let addable = bits.initial(&compiled, &State::EMPTY);
-            bits.dfs(
-                &compiled,
-                0,
-                addable,
-                &State::EMPTY,
-                &mut chosen,
-                maximal,
-                &mut emit,
-            );
-        }
-        None => enum_dfs(
+    if cands.len() > 64 {
+        let mut out = Vec::new();
+        enum_dfs(
             &compiled,
             &cands,
             0,
             &State::EMPTY,
-            &mut chosen,
+            &mut Vec::new(),
             maximal,
-            &mut emit,
-        ),
+            &mut |layout: &[usize]| out.push(layout.iter().map(|&i| insts[i].clone()).collect()),
+        );
+        return Ok(out);
     }
-    Ok(out)
+    // A layout as the set of its candidates' indices, expanded in index order.
+    let expand = |set: u64| -> Vec<PlacedInstance> {
+        let mut layout = Vec::with_capacity(set.count_ones() as usize);
+        let mut rest = set;
+        while rest != 0 {
+            layout.push(insts[rest.trailing_zeros() as usize].clone());
+            rest &= rest - 1;
+        }
+        layout
+    };
+    if !maximal {
+        // Every node is a layout: search in the output order.
+        let bits = CandBits::new(&compiled, cands.clone(), (0..cands.len()).collect());
+        let mut out = Vec::new();
+        let mut emit = |set| out.push(expand(set));
+        let mut walk = Walk::new(&bits, &mut emit);
+        bits.dfs(
+            &compiled,
+            0,
+            bits.initial(&compiled),
+            &State::EMPTY,
+            0,
+            false,
+            &mut walk,
+        );
+        return Ok(out);
+    }
+    // Maximal layouts: search slice by slice (candidates by start), where
+    // pruning bites early, then put the layouts in the output order, the
+    // lexicographic order of their increasing index sequences. Between two
+    // sets, the one holding the lowest index of their symmetric difference
+    // comes first: the bit-reversed set is larger.
+    let mut order: Vec<usize> = (0..cands.len()).collect();
+    order.sort_by_key(|&i| (cands[i].start, cands[i].prof));
+    let search_cands = order.iter().map(|&i| cands[i]).collect();
+    let bits = CandBits::new(&compiled, search_cands, order);
+    let mut found: Vec<u64> = Vec::new();
+    let mut emit = |set: u64| found.push(set.reverse_bits());
+    let mut walk = Walk::new(&bits, &mut emit);
+    bits.dfs(
+        &compiled,
+        0,
+        bits.initial(&compiled),
+        &State::EMPTY,
+        0,
+        true,
+        &mut walk,
+    );
+    found.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(found
+        .iter()
+        .map(|&key| expand(key.reverse_bits()))
+        .collect())
+}
+
+/// Scratch space and output of one bit-set search.
+struct Walk<'e> {
+    /// Interval packing table of [`CandBits::most_added`], reused across nodes.
+    best: Vec<(u64, u64)>,
+    /// Receives each layout as a set of output-order candidate indices.
+    emit: &'e mut dyn FnMut(u64),
+}
+
+impl<'e> Walk<'e> {
+    fn new(bits: &CandBits, emit: &'e mut dyn FnMut(u64)) -> Walk<'e> {
+        Walk {
+            best: vec![(0, 0); bits.starting_at.len() + 1],
+            emit,
+        }
+    }
 }
 
 /// The candidates of an enumeration as bit sets (bit `i` is `cands[i]`), so
@@ -545,8 +599,17 @@ fn enumerate(
 /// mask operations per added instance instead of re-checking every rule for
 /// every candidate. Used when there are at most 64 candidates (every shipping
 /// GPU); [`enum_dfs`] handles the rest.
-struct CandBits<'a> {
-    cands: &'a [Cand],
+struct CandBits {
+    /// The candidates, in search order.
+    cands: Vec<Cand>,
+    /// Per candidate: its bit in the output order.
+    out_bit: Vec<u64>,
+    /// Per candidate: one past its last memory slice.
+    end: Vec<usize>,
+    /// Per candidate: its compute slices.
+    compute: Vec<u32>,
+    /// Per memory slice: the candidates starting there.
+    starting_at: Vec<u64>,
     /// Per candidate: the candidates sharing a memory slice with it (itself included).
     overlap: Vec<u64>,
     /// Per profile index: its candidates.
@@ -559,30 +622,26 @@ struct CandBits<'a> {
     me_all: u64,
     /// Candidates of profiles that are not `-me`.
     not_no_me: u64,
-    /// Per candidate: the candidates whose addition alone can make it
-    /// unaddable through a pairwise rule (memory, per-profile maximum,
-    /// media-engine rules, optical-flow budget). Totals are bounded separately.
+    /// Per candidate: the candidates whose addition can make it unaddable
+    /// through a rule other than the GPU-wide totals (memory, per-profile
+    /// maximum, media-engine rules, optical-flow budget). A per-profile
+    /// maximum of at least the GPU's instance limit is left out: reaching it
+    /// means reaching the instance limit, which the totals bound covers.
     related: Vec<u64>,
-    /// Most compute slices per memory slice of any candidate, as a fraction.
-    ratio_num: u64,
-    ratio_den: u64,
-    /// Fewest memory slices of any candidate.
-    min_size: u64,
 }
 
-impl<'a> CandBits<'a> {
-    fn new(c: &Compiled, cands: &'a [Cand]) -> Option<CandBits<'a>> {
-        if cands.len() > 64 {
-            return None;
-        }
+impl CandBits {
+    /// Bit sets for at most 64 candidates (the caller checks), in search
+    /// order; `out_index[i]` is candidate `i`'s index in the output order.
+    fn new(c: &Compiled, cands: Vec<Cand>, out_index: Vec<usize>) -> CandBits {
         let bit = |i: usize| 1u64 << i;
-        let prof = |cand: &Cand| &c.profs[usize::from(cand.prof)];
         let mut of_prof = vec![0u64; c.profs.len()];
         let (mut me_all, mut not_no_me, mut ofa_holders) = (0u64, 0u64, 0u64);
-        let (mut max_compute, mut max_ofa) = (0u32, 0u32);
-        let (mut ratio_num, mut ratio_den, mut min_size) = (0u64, 1u64, u64::MAX);
+        let (mut max_compute, mut max_ofa, mut axis) = (0u32, 0u32, 0usize);
+        let mut end = Vec::with_capacity(cands.len());
+        let mut compute = Vec::with_capacity(cands.len());
         for (i, cand) in cands.iter().enumerate() {
-            let p = prof(cand);
+            let p = &c.profs[usize::from(cand.prof)];
             of_prof[usize::from(cand.prof)] |= bit(i);
             if p.me_all {
                 me_all |= bit(i);
@@ -595,13 +654,15 @@ impl<'a> CandBits<'a> {
             }
             max_compute = max_compute.max(p.compute);
             max_ofa = max_ofa.max(p.ofa);
-            let size = u64::from(cand.mask.count_ones());
-            min_size = min_size.min(size);
-            // compute / size > ratio_num / ratio_den
-            if u64::from(p.compute) * ratio_den > ratio_num * size {
-                ratio_num = u64::from(p.compute);
-                ratio_den = size;
-            }
+            // Masks are contiguous runs (a checked geometry has no empty placement).
+            let e = 64 - cand.mask.leading_zeros() as usize;
+            axis = axis.max(e);
+            end.push(e);
+            compute.push(p.compute);
+        }
+        let mut starting_at = vec![0u64; axis];
+        for (i, cand) in cands.iter().enumerate() {
+            starting_at[cand.mask.trailing_zeros() as usize] |= bit(i);
         }
         let fit = |limit: u32, value: &dyn Fn(&Prof) -> u32| -> Vec<u64> {
             (0..=limit)
@@ -609,7 +670,7 @@ impl<'a> CandBits<'a> {
                     cands
                         .iter()
                         .enumerate()
-                        .filter(|(_, cand)| value(prof(cand)) <= k)
+                        .filter(|(_, cand)| value(&c.profs[usize::from(cand.prof)]) <= k)
                         .fold(0u64, |m, (i, _)| m | bit(i))
                 })
                 .collect()
@@ -630,8 +691,11 @@ impl<'a> CandBits<'a> {
             .iter()
             .enumerate()
             .map(|(i, cand)| {
-                let p = prof(cand);
-                let mut r = overlap[i] | of_prof[usize::from(cand.prof)];
+                let p = &c.profs[usize::from(cand.prof)];
+                let mut r = overlap[i];
+                if p.max < c.max_instances {
+                    r |= of_prof[usize::from(cand.prof)];
+                }
                 if p.me_all {
                     r |= not_no_me;
                 } else if !p.no_me {
@@ -643,8 +707,12 @@ impl<'a> CandBits<'a> {
                 r
             })
             .collect();
-        Some(CandBits {
+        CandBits {
             cands,
+            out_bit: out_index.iter().map(|&i| bit(i)).collect(),
+            end,
+            compute,
+            starting_at,
             overlap,
             of_prof,
             compute_fit,
@@ -652,18 +720,15 @@ impl<'a> CandBits<'a> {
             me_all,
             not_no_me,
             related,
-            ratio_num,
-            ratio_den,
-            min_size: min_size.max(1),
-        })
+        }
     }
 
-    /// Candidates that can join `st`.
-    fn initial(&self, c: &Compiled, st: &State) -> u64 {
+    /// Candidates that can form a layout on their own.
+    fn initial(&self, c: &Compiled) -> u64 {
         self.cands
             .iter()
             .enumerate()
-            .filter(|(_, cand)| c.can_add(st, usize::from(cand.prof), cand.mask))
+            .filter(|(_, cand)| c.can_add(&State::EMPTY, usize::from(cand.prof), cand.mask))
             .fold(0u64, |m, (i, _)| m | (1u64 << i))
     }
 
@@ -693,43 +758,74 @@ impl<'a> CandBits<'a> {
         a
     }
 
-    /// Whether some candidate skipped at this node (`skipped`, still
-    /// addable) can never be blocked by any layout reachable from here, whose
-    /// additions all come from `future`: then no maximal layout lies below.
-    fn doomed(&self, c: &Compiled, st: &State, skipped: u64, future: u64) -> bool {
-        let mut room: Option<(u64, u64)> = None;
-        let mut rest = skipped;
-        while rest != 0 {
-            let j = rest.trailing_zeros() as usize;
-            rest &= rest - 1;
-            if self.related[j] & future != 0 {
-                continue;
+    /// Upper bounds on the compute slices and on the instances that any
+    /// set of disjoint candidates from `future` adds: the best packing of
+    /// those intervals on the memory-slice axis, ignoring every other rule.
+    #[inline]
+    fn most_added(&self, future: u64, best: &mut [(u64, u64)]) -> (u64, u64) {
+        let axis = self.starting_at.len();
+        // best[s]: most (compute, instances) using slices at or after s.
+        best[axis] = (0, 0);
+        for s in (0..axis).rev() {
+            let (mut bc, mut bn) = best[s + 1];
+            let mut m = self.starting_at[s] & future;
+            while m != 0 {
+                let k = m.trailing_zeros() as usize;
+                m &= m - 1;
+                let (ec, en) = best[self.end[k]];
+                bc = bc.max(ec + u64::from(self.compute[k]));
+                bn = bn.max(en + 1);
             }
-            // Only the totals can still block j. Future instances are
-            // disjoint and lie within the slices the future candidates cover.
-            let (most_compute, most_instances) = *room.get_or_insert_with(|| {
-                let mut slices = 0u64;
-                let mut f = future;
-                while f != 0 {
-                    slices |= self.cands[f.trailing_zeros() as usize].mask;
-                    f &= f - 1;
-                }
-                let n = u64::from(slices.count_ones());
-                (n * self.ratio_num / self.ratio_den, n / self.min_size)
-            });
-            let p = &c.profs[usize::from(self.cands[j].prof)];
-            if u64::from(st.compute) + u64::from(p.compute) + most_compute
-                <= u64::from(c.compute_slices)
-                && u64::from(st.n) + 1 + most_instances <= u64::from(c.max_instances)
-            {
-                return true;
-            }
+            best[s] = (bc, bn);
         }
-        false
+        best[0]
     }
 
-    /// Depth-first search in the same order as [`enum_dfs`]: candidates in
-    /// index order, each layout once as an increasing index sequence.
+    /// The highest candidate index a child of this node may take if a
+    /// maximal layout is to lie below it, or `None` when none can.
+    ///
+    /// Every candidate that is still addable must be blocked by the time the
+    /// layout is complete, and instances added below this node come from
+    /// `future`. A candidate the GPU-wide totals cannot block any more
+    /// ("needy") needs a later instance among its `related` candidates;
+    /// choosing a child past the last of those skips it for good.
+    #[inline]
+    fn child_limit(
+        &self,
+        c: &Compiled,
+        st: &State,
+        addable: u64,
+        future: u64,
+        best: &mut [(u64, u64)],
+    ) -> Option<usize> {
+        let (most_compute, most_instances) = self.most_added(future, best);
+        if u64::from(st.n) + 1 + most_instances > u64::from(c.max_instances) {
+            // The instance limit may still block anything.
+            return Some(usize::MAX);
+        }
+        let used = u64::from(st.compute) + most_compute;
+        let Some(room) = u64::from(c.compute_slices).checked_sub(used) else {
+            return Some(usize::MAX);
+        };
+        let room = room.min(self.compute_fit.len() as u64 - 1) as usize;
+        let mut needy = addable & self.compute_fit[room];
+        let mut limit = usize::MAX;
+        while needy != 0 {
+            let k = needy.trailing_zeros() as usize;
+            needy &= needy - 1;
+            let blockers = self.related[k] & future;
+            if blockers == 0 {
+                return None;
+            }
+            limit = limit.min(63 - blockers.leading_zeros() as usize);
+        }
+        Some(limit)
+    }
+
+    /// Depth-first search over the candidates in index order; each layout is
+    /// reached once, as an increasing index sequence. With `maximal`, only
+    /// layouts that admit no further candidate are emitted, and branches
+    /// that cannot lead to one are cut.
     #[allow(clippy::too_many_arguments)]
     fn dfs(
         &self,
@@ -737,36 +833,39 @@ impl<'a> CandBits<'a> {
         from: usize,
         addable: u64,
         st: &State,
-        chosen: &mut Vec<usize>,
+        chosen: u64,
         maximal: bool,
-        emit: &mut dyn FnMut(&[usize]),
+        walk: &mut Walk,
     ) {
         let below = if from >= 64 {
             u64::MAX
         } else {
             (1u64 << from) - 1
         };
-        let future = addable & !below;
-        if !chosen.is_empty() {
-            if !maximal {
-                emit(chosen);
-            } else if addable == 0 {
-                emit(chosen);
-                return;
-            } else if future == 0 || self.doomed(c, st, addable & below, future) {
+        let mut rest = addable & !below;
+        if maximal {
+            if addable == 0 {
+                if chosen != 0 {
+                    (walk.emit)(chosen);
+                }
                 return;
             }
+            match self.child_limit(c, st, addable, rest, &mut walk.best) {
+                None => return,
+                Some(limit) if limit < 63 => rest &= (2u64 << limit) - 1,
+                Some(_) => {}
+            }
+        } else if chosen != 0 {
+            (walk.emit)(chosen);
         }
-        let mut rest = future;
         while rest != 0 {
             let i = rest.trailing_zeros() as usize;
             rest &= rest - 1;
             let cand = self.cands[i];
             let next = c.add(st, usize::from(cand.prof), cand.mask);
             let next_addable = self.after(c, addable, i, &next);
-            chosen.push(i);
-            self.dfs(c, i + 1, next_addable, &next, chosen, maximal, emit);
-            chosen.pop();
+            let next_chosen = chosen | self.out_bit[i];
+            self.dfs(c, i + 1, next_addable, &next, next_chosen, maximal, walk);
         }
     }
 }
@@ -1032,7 +1131,7 @@ mod tests {
     fn every_catalog_geometry_uses_the_bit_set_search() {
         for g in mig_geometries() {
             let compiled = Compiled::new(g).unwrap();
-            assert!(CandBits::new(&compiled, &compiled.cands).is_some());
+            assert!(compiled.cands.len() <= 64);
         }
     }
 
