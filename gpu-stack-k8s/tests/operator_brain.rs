@@ -131,8 +131,63 @@ fn summary(d: &Desired) -> String {
     serde_yaml::to_string(&out).unwrap()
 }
 
+/// Rules the API server enforces on pod templates that the in-memory cluster
+/// does not: Bidirectional mount propagation only in privileged containers, and
+/// node field selectors with In/NotIn take exactly one value.
+fn assert_admissible(d: &Desired) {
+    for o in &d.objects {
+        let Object::DaemonSet(ds) = o else { continue };
+        let name = ds.metadata.name.clone().unwrap_or_default();
+        let spec = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let all = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(spec.containers.iter());
+        for c in all {
+            let privileged = c
+                .security_context
+                .as_ref()
+                .and_then(|s| s.privileged)
+                .unwrap_or(false);
+            for m in c.volume_mounts.iter().flatten() {
+                assert!(
+                    privileged || m.mount_propagation.as_deref() != Some("Bidirectional"),
+                    "{name}/{}: Bidirectional mount {} in an unprivileged container",
+                    c.name,
+                    m.mount_path
+                );
+            }
+        }
+        let terms = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .map(|s| s.node_selector_terms.clone())
+            .unwrap_or_default();
+        for t in terms {
+            for r in t.match_fields.iter().flatten() {
+                if r.operator == "In" || r.operator == "NotIn" {
+                    assert_eq!(
+                        r.values.as_ref().map(Vec::len),
+                        Some(1),
+                        "{name}: field selector {} {} needs exactly one value",
+                        r.key,
+                        r.operator
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn golden(name: &str, p: &ClusterPolicy, nodes: &[Node]) -> Desired {
     let d = desired_state(p, nodes, &[], &Options::default());
+    assert_admissible(&d);
     check_file(
         root().join("tests/golden").join(format!("{name}.yaml")),
         &summary(&d),
@@ -566,4 +621,50 @@ fn run_loop_reconciles_on_each_trigger_and_stops_when_triggers_end() {
     );
     let r = block_on(op.reconcile_once()).unwrap();
     assert!(!r.changed(), "{r:?}");
+}
+
+#[test]
+fn mig_manager_service_account_may_patch_its_node_list_pods_and_record_events() {
+    let d = desired_state(
+        &policy("cp", serde_json::json!({}), 0),
+        &fleet_nodes(MIXED),
+        &[],
+        &Options::default(),
+    );
+    let role = d
+        .objects
+        .iter()
+        .find_map(|o| match o {
+            Object::ClusterRole(r) if r.metadata.name.as_deref() == Some("nvidia-mig-manager") => {
+                Some(r.clone())
+            }
+            _ => None,
+        })
+        .expect("a ClusterRole for the MIG manager");
+    let allows = |group: &str, resource: &str, verb: &str| {
+        role.rules.iter().flatten().any(|r| {
+            r.api_groups.iter().flatten().any(|g| g == group)
+                && r.resources.iter().flatten().any(|x| x == resource)
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    for (group, resource, verb) in [
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "pods", "list"),
+        ("events.k8s.io", "events", "create"),
+    ] {
+        assert!(allows(group, resource, verb), "{verb} {group}/{resource}");
+    }
+    let bound = d.objects.iter().any(|o| match o {
+        Object::ClusterRoleBinding(b) => {
+            b.role_ref.name == "nvidia-mig-manager"
+                && b.subjects
+                    .iter()
+                    .flatten()
+                    .any(|s| s.kind == "ServiceAccount" && s.name == "nvidia-mig-manager")
+        }
+        _ => false,
+    });
+    assert!(bound, "binding to the nvidia-mig-manager ServiceAccount");
 }

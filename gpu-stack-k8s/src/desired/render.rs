@@ -187,6 +187,8 @@ pub fn rbac_rules(c: Component) -> Vec<PolicyRule> {
                 &["get", "list", "watch", "patch", "update"],
             ),
             rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+            // Outcome Events regarding its Node (recorded in "default").
+            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
         ],
         Component::ContainerToolkit | Component::NodeStatusExporter => Vec::new(),
     }
