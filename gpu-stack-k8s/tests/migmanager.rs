@@ -173,3 +173,114 @@ async fn reset_needed_reports_rebooting_then_resumes() {
     assert_eq!(r, PassResult::State(MigConfigState::Success, None));
     assert_eq!(deploy(&node.view().labels), before);
 }
+
+#[tokio::test]
+async fn busy_instance_fails_naming_it_and_pauses_nothing_unless_forced() {
+    let gpus = SimulatedBackend::new(&SimNodeSpec::uniform("n0", "0x233010DE", 2)).unwrap();
+    let cfg = MigPartedConfig::default_config().unwrap();
+    let node = MemoryNode::new(start_labels("all-3g.40gb"));
+    let r = reconcile(&node, &gpus, &cfg, &opts(None), &NoProcesses)
+        .await
+        .unwrap();
+    assert_eq!(r, PassResult::State(MigConfigState::Success, None));
+    let gi = gpu_stack_core::backend::GpuBackend::gpu_instances(&gpus, 1).unwrap()[0].id;
+    gpus.start_process(1, Some(gi), None, Some(4242), Some(1024))
+        .unwrap();
+    let layout = |b: &SimulatedBackend| b.snapshot().unwrap().gpus;
+    let before_gpus = layout(&gpus);
+    let before_labels = node.view().labels;
+    let writes = node.history().len();
+
+    node.set_label(MIG_CONFIG_LABEL, "all-1g.10gb");
+    let r = reconcile(&node, &gpus, &cfg, &opts(None), &NoProcesses)
+        .await
+        .unwrap();
+    let PassResult::State(MigConfigState::Failed, Some(reason)) = r else {
+        panic!("expected failed, got {r:?}");
+    };
+    assert!(
+        reason.contains(&format!("GPU 1 GPU instance {gi} compute instance 0"))
+            && reason.contains("4242")
+            && reason.contains("--force"),
+        "{reason}"
+    );
+    assert_eq!(layout(&gpus), before_gpus, "no GPU was touched");
+    let view = node.view();
+    assert_eq!(view.annotations[FAILURE_REASON_ANNOTATION], reason);
+    assert_eq!(
+        deploy(&view.labels),
+        deploy(&before_labels),
+        "clients were never paused"
+    );
+    assert!(
+        node.history()[writes..]
+            .iter()
+            .all(|l| l.get(MIG_CONFIG_STATE_LABEL).map(String::as_str) != Some("pending")),
+        "the refusal comes before pending"
+    );
+
+    let mut forced = opts(None);
+    forced.force = true;
+    let r = reconcile(&node, &gpus, &cfg, &forced, &NoProcesses)
+        .await
+        .unwrap();
+    assert_eq!(r, PassResult::State(MigConfigState::Success, None));
+    assert!(
+        gpu_stack_core::backend::GpuBackend::running_processes(&gpus, 1)
+            .unwrap()
+            .is_empty(),
+        "the process ended with its instance"
+    );
+    assert!(
+        !node
+            .view()
+            .annotations
+            .contains_key(FAILURE_REASON_ANNOTATION)
+    );
+    assert_eq!(deploy(&node.view().labels), deploy(&before_labels));
+}
+
+#[tokio::test]
+async fn reboot_through_the_shared_state_file_resumes_to_success() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("gpus.json");
+    let mut spec = SimNodeSpec::uniform("n0", "0x233010DE", 2);
+    spec.mig_change_needs_reset = true;
+    // The manager's view of the GPUs and, separately, the node's (as
+    // `gpu-stack gpus --reboot` would open it).
+    let gpus = SimulatedBackend::with_state_file(&spec, &state).unwrap();
+    let machine = SimulatedBackend::with_state_file(&spec, &state).unwrap();
+    let node = MemoryNode::new(start_labels("all-1g.10gb"));
+    let before = deploy(&node.view().labels);
+    let cfg = MigPartedConfig::default_config().unwrap();
+    let mut no_reset = opts(None);
+    no_reset.reset_gpus = false;
+
+    let r = reconcile(&node, &gpus, &cfg, &no_reset, &NoProcesses)
+        .await
+        .unwrap();
+    assert_eq!(r, PassResult::State(MigConfigState::Rebooting, None));
+    let view = node.view();
+    assert_eq!(view.labels[MIG_CONFIG_STATE_LABEL], "rebooting");
+    assert_eq!(
+        view.labels["nvidia.com/gpu.deploy.device-plugin"], PAUSED_FOR_MIG_CHANGE,
+        "clients stay paused across the reboot"
+    );
+    assert!(view.annotations.contains_key(PAUSE_RECORD_ANNOTATION));
+    let mode = gpu_stack_core::backend::GpuBackend::mig_mode(&gpus, 0).unwrap();
+    assert!(mode.pending && !mode.current, "{mode:?}");
+
+    // The node reboots (pending MIG modes take effect, instances are gone);
+    // the manager starts again and finishes the change.
+    machine.reboot().unwrap();
+    let r = reconcile(&node, &gpus, &cfg, &no_reset, &NoProcesses)
+        .await
+        .unwrap();
+    assert_eq!(r, PassResult::State(MigConfigState::Success, None));
+    let view = node.view();
+    assert_eq!(deploy(&view.labels), before, "deploy labels restored");
+    assert!(!view.annotations.contains_key(PAUSE_RECORD_ANNOTATION));
+    let assert_plan =
+        gpu_stack_nvml::migapply::plan_node(&machine, &cfg, "all-1g.10gb", &NoProcesses).unwrap();
+    assert!(assert_plan.is_converged());
+}

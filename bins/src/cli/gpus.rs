@@ -1,11 +1,15 @@
-//! `gpu-stack gpus`: inventory and MIG state of a node's GPUs from a GPU backend,
-//! and (`--watch`) its health events as they arrive.
+//! `gpu-stack gpus`: inventory, MIG state and running processes of a node's GPUs
+//! from a GPU backend, and (`--watch`) its health events as they arrive. On
+//! simulated GPUs it also changes the shared state: faults, processes starting
+//! and stopping, and a node reboot.
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use gpu_stack_core::backend::{Fault, FaultSpec, HealthEventKind, NodeSnapshot, node_snapshot};
+use gpu_stack_core::backend::{
+    BackendError, Fault, FaultSpec, GpuBackend, HealthEventKind, NodeSnapshot, node_snapshot,
+};
 
 use crate::backend_flags::BackendArgs;
 
@@ -38,6 +42,55 @@ pub struct Args {
     /// Simulated GPUs only: make GPU `GPU` fall off the bus now.
     #[arg(long, value_name = "GPU")]
     inject_lost: Vec<u32>,
+    /// Simulated GPUs only: start a compute process on GPU `GPU` (MIG off) or
+    /// on MIG device `GPU:GI[:CI]` (MIG on); prints its pid.
+    #[arg(long, value_name = "GPU[:GI[:CI]]")]
+    start_process: Vec<String>,
+    /// Pid of the process `--start-process` starts (default: the lowest free
+    /// one from 4000); only with a single `--start-process`.
+    #[arg(long, value_name = "PID", requires = "start_process")]
+    pid: Option<u32>,
+    /// GPU memory the started process uses, in MiB.
+    #[arg(long, value_name = "MIB", requires = "start_process")]
+    used_memory_mib: Option<u64>,
+    /// Simulated GPUs only: stop process `PID` on every GPU of the node.
+    #[arg(long, value_name = "PID")]
+    stop_process: Vec<u32>,
+    /// Simulated GPUs only: reboot the node (pending MIG modes take effect,
+    /// MIG instances and processes are gone, lost GPUs answer again).
+    #[arg(long)]
+    reboot: bool,
+}
+
+/// A `--start-process` target: GPU, and GPU / compute instance when MIG is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcessTarget {
+    gpu: u32,
+    gi: Option<u32>,
+    ci: Option<u32>,
+}
+
+fn parse_target(s: &str) -> Result<ProcessTarget> {
+    let parts: Vec<&str> = s.split(':').map(str::trim).collect();
+    if parts.is_empty() || parts.len() > 3 {
+        bail!("--start-process {s:?}: expected GPU, GPU:GI or GPU:GI:CI, e.g. 0:3");
+    }
+    let num = |what: &str, v: &str| -> Result<u32> {
+        v.parse().with_context(|| {
+            format!("--start-process {s:?}: {what} {v:?} is not a number (expected GPU[:GI[:CI]])")
+        })
+    };
+    Ok(ProcessTarget {
+        gpu: num("GPU index", parts[0])?,
+        gi: parts
+            .get(1)
+            .map(|v| num("GPU-instance id", v))
+            .transpose()?,
+        ci: parts
+            .get(2)
+            .map(|v| num("compute-instance id", v))
+            .transpose()?,
+    })
 }
 
 fn parse_xid(s: &str) -> Result<(u32, u64)> {
@@ -56,6 +109,9 @@ fn parse_xid(s: &str) -> Result<(u32, u64)> {
 
 /// Runs `gpu-stack gpus`.
 pub fn run(args: Args) -> Result<ExitCode> {
+    if !args.start_process.is_empty() || !args.stop_process.is_empty() || args.reboot {
+        return change_processes(&args);
+    }
     if !args.inject_xid.is_empty() || !args.inject_lost.is_empty() {
         let faults: Vec<FaultSpec> = args
             .inject_xid
@@ -137,7 +193,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match args.output {
         Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&snap)?)?,
-        Output::Table => write_table(&mut out, &snap)?,
+        Output::Table => write_table(&mut out, &snap, backend.as_ref())?,
     }
     Ok(if snap.errors.is_empty() {
         ExitCode::SUCCESS
@@ -146,7 +202,51 @@ pub fn run(args: Args) -> Result<ExitCode> {
     })
 }
 
-fn write_table(out: &mut impl Write, s: &NodeSnapshot) -> Result<()> {
+/// `--start-process`, `--stop-process`, `--reboot`: checks every flag first,
+/// then changes the shared simulated state.
+fn change_processes(args: &Args) -> Result<ExitCode> {
+    let targets = args
+        .start_process
+        .iter()
+        .map(|s| parse_target(s))
+        .collect::<Result<Vec<_>>>()?;
+    if args.pid.is_some() && targets.len() > 1 {
+        bail!(
+            "--pid names one process but {} --start-process flags were given; start them one at a time",
+            targets.len()
+        );
+    }
+    let sim = args
+        .backend
+        .build_simulated()
+        .context("--start-process/--stop-process/--reboot work on simulated GPUs")?;
+    if args.backend.sim_state.is_none() {
+        bail!(
+            "--start-process/--stop-process/--reboot need --sim-state FILE so other processes simulating the node see the change"
+        );
+    }
+    if args.reboot {
+        sim.reboot()?;
+        println!("node rebooted");
+    }
+    for pid in &args.stop_process {
+        sim.stop_process(None, *pid)?;
+        println!("stopped process {pid}");
+    }
+    for t in targets {
+        let p = sim.start_process(t.gpu, t.gi, t.ci, args.pid, args.used_memory_mib)?;
+        match (p.gpu_instance_id, p.compute_instance_id) {
+            (Some(gi), Some(ci)) => println!(
+                "started process {} on GPU {} GPU instance {gi} compute instance {ci}",
+                p.pid, t.gpu
+            ),
+            _ => println!("started process {} on GPU {}", p.pid, t.gpu),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_table(out: &mut impl Write, s: &NodeSnapshot, backend: &dyn GpuBackend) -> Result<()> {
     writeln!(
         out,
         "driver {}  CUDA {}  NVML {}",
@@ -173,6 +273,26 @@ fn write_table(out: &mut impl Write, s: &NodeSnapshot) -> Result<()> {
             i.memory_total_bytes >> 20,
             mig
         )?;
+        let processes = match backend.running_processes(i.index) {
+            Ok(list) => list,
+            Err(BackendError::NotSupported { .. }) | Err(BackendError::MissingFunction { .. }) => {
+                Vec::new()
+            }
+            Err(e) => {
+                writeln!(out, "  processes: ERROR {e}")?;
+                Vec::new()
+            }
+        };
+        let proc_line = |p: &gpu_stack_core::backend::GpuProcess| {
+            let mem = p
+                .used_memory_bytes
+                .map(|b| format!("  {} MiB", b >> 20))
+                .unwrap_or_default();
+            format!("pid {}{mem}", p.pid)
+        };
+        for p in processes.iter().filter(|p| p.gpu_instance_id.is_none()) {
+            writeln!(out, "  {}", proc_line(p))?;
+        }
         for gi in g.mig.iter().flat_map(|m| &m.gpu_instances) {
             writeln!(
                 out,
@@ -181,6 +301,11 @@ fn write_table(out: &mut impl Write, s: &NodeSnapshot) -> Result<()> {
             )?;
             for ci in &gi.compute_instances {
                 writeln!(out, "    CI {:>2}  {}c  {}", ci.id, ci.slice_count, ci.uuid)?;
+                for p in processes.iter().filter(|p| {
+                    p.gpu_instance_id == Some(gi.id) && p.compute_instance_id == Some(ci.id)
+                }) {
+                    writeln!(out, "      {}", proc_line(p))?;
+                }
             }
         }
     }
