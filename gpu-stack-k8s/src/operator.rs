@@ -7,7 +7,7 @@
 //! Passes are idempotent: a pass over a converged cluster writes nothing.
 use std::collections::BTreeMap;
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use gpu_stack_core::operator::driver::DriverPlan;
 use gpu_stack_core::operator::labels::LabelPatch;
 use serde::Serialize;
@@ -37,6 +37,9 @@ pub enum OperatorError {
         passes: usize,
     },
 }
+
+/// Node label patches sent at once by a reconcile pass.
+pub const NODE_PATCHES_IN_FLIGHT: usize = 16;
 
 fn during(what: impl Into<String>) -> impl FnOnce(ClusterError) -> OperatorError {
     let during = what.into();
@@ -155,12 +158,24 @@ impl<C: Cluster> Operator<C> {
             .map_err(during("listing owned objects"))?;
         let want = desired::desired_state(&active, &nodes, &owned, &self.options);
 
+        // Label patches are independent per node; a bounded number in flight
+        // keeps the first pass over a large fleet short without a request storm.
+        // (Futures built in a loop rather than a closure keep the pass Send.)
+        let mut patches = Vec::with_capacity(want.node_labels.len());
         for (node, patch) in &want.node_labels {
-            self.cluster
-                .patch_node_labels(node, patch)
-                .await
-                .map_err(during(format!("labelling node {node}")))?;
+            let labelled = during(format!("labelling node {node}"));
+            let cluster = &self.cluster;
+            patches.push(async move {
+                cluster
+                    .patch_node_labels(node, patch)
+                    .await
+                    .map_err(labelled)
+            });
         }
+        futures::stream::iter(patches)
+            .buffer_unordered(NODE_PATCHES_IN_FLIGHT)
+            .try_collect::<Vec<_>>()
+            .await?;
         report.labelled = want.node_labels.clone();
         for obj in &want.apply {
             let key = obj.key();

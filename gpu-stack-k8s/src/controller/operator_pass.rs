@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use gpu_stack_core::operator::labels::{
     DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LabelPatch, NFD_GPU_LABELS, NFD_PREFIX,
 };
@@ -20,7 +21,7 @@ use crate::cluster::kube_cluster::KubeCluster;
 use crate::cluster::{Cluster, ClusterError};
 use crate::clusterpolicy::{ClusterPolicy, state};
 use crate::desired::Options;
-use crate::operator::{Operator, OperatorError};
+use crate::operator::{NODE_PATCHES_IN_FLIGHT, Operator, OperatorError};
 use crate::operator_metrics::ReconciliationStatus;
 
 /// Finalizer on the ClusterPolicy: node label cleanup runs before it goes.
@@ -121,17 +122,30 @@ impl OperatorPass {
                 source,
             }
         };
-        for node in self.nodes.state() {
-            let patch = cleanup_patch(node.labels());
-            if patch.is_empty() {
-                continue;
-            }
-            let node_name = node.name_any();
-            self.cluster()
-                .patch_node_labels(&node_name, &patch)
-                .await
-                .map_err(fail(format!("removing labels from node {node_name}")))?;
+        let patches: Vec<(String, _)> = self
+            .nodes
+            .state()
+            .iter()
+            .map(|node| (node.name_any(), cleanup_patch(node.labels())))
+            .filter(|(_, patch)| !patch.is_empty())
+            .collect();
+        // (Futures built in a loop rather than a closure keep the pass Send.)
+        let mut pending = Vec::with_capacity(patches.len());
+        for (node_name, patch) in &patches {
+            let failed = fail(format!("removing labels from node {node_name}"));
+            let cluster = self.cluster();
+            pending.push(async move {
+                cluster
+                    .patch_node_labels(node_name, patch)
+                    .await
+                    .map(|_| ())
+                    .map_err(failed)
+            });
         }
+        futures::stream::iter(pending)
+            .buffer_unordered(NODE_PATCHES_IN_FLIGHT)
+            .try_collect::<Vec<_>>()
+            .await?;
         let owned = self
             .cluster()
             .list_owned()
