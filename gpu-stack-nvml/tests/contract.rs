@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_stack_core::backend::{
-    BackendError, Fault, FaultSpec, GpuBackend, HealthEvent, HealthEventKind, HealthEvents,
-    MigModeChange, Reading, SlicePlacement, node_snapshot,
+    BackendError, Fault, FaultSpec, GpuBackend, GpuProcess, HealthEvent, HealthEventKind,
+    HealthEvents, MigModeChange, Reading, SlicePlacement, node_snapshot,
 };
 use gpu_stack_nvml::{NvmlBackend, SimNodeSpec, SimulatedBackend};
 
@@ -30,6 +30,9 @@ nodes:
       - model: H100-SXM5-80GB
         mig: { enabled: true }
       - model: L4
+    processes:
+      - { gpu: 1, pid: 4242, instance: "3g.20gb@4", used-memory-mib: 2048 }
+      - { gpu: 3, pid: 77, used-memory-mib: 512 }
 "#;
 
 struct Harness {
@@ -146,6 +149,53 @@ fn contract(h: &Harness) {
         assert_eq!(gi.compute_instances.len(), 1, "{l}");
         assert!(gi.compute_instances[0].uuid.starts_with("MIG-"), "{l}");
     }
+
+    // Running processes: with MIG ids on a MIG GPU, without them otherwise.
+    let mib = 1u64 << 20;
+    let on_mig = b.running_processes(1).unwrap();
+    assert_eq!(
+        on_mig,
+        vec![GpuProcess {
+            pid: 4242,
+            used_memory_bytes: Some(2048 * mib),
+            gpu_instance_id: Some(gis[0].id),
+            compute_instance_id: Some(gis[0].compute_instances[0].id),
+        }],
+        "{l}"
+    );
+    assert_eq!(
+        b.running_processes(3).unwrap(),
+        vec![GpuProcess {
+            pid: 77,
+            used_memory_bytes: Some(512 * mib),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }],
+        "{l}"
+    );
+    assert!(b.running_processes(0).unwrap().is_empty(), "{l}");
+    assert!(b.running_processes(2).unwrap().is_empty(), "{l}");
+    assert_eq!(kind(l, b.running_processes(9)), "not_found", "{l}");
+    // Started and stopped at runtime through the shared state, on the small
+    // instance: two processes listed in (GPU instance, compute instance) order.
+    let started = h
+        .injector
+        .start_process(1, Some(gis[1].id), None, Some(5151), None)
+        .unwrap();
+    let both = b.running_processes(1).unwrap();
+    let mut expected = vec![on_mig[0].clone(), started.clone()];
+    expected.sort_by_key(|p| (p.gpu_instance_id, p.compute_instance_id, p.pid));
+    assert_eq!(both, expected, "{l}");
+    assert_eq!(
+        both.iter()
+            .find(|p| p.pid == 5151)
+            .unwrap()
+            .used_memory_bytes,
+        None,
+        "{l}"
+    );
+    assert_eq!(h.injector.stop_process(Some(1), 5151).unwrap(), 1, "{l}");
+    assert_eq!(b.running_processes(1).unwrap(), on_mig, "{l}");
 
     // Create / list / destroy round trip on the empty H100.
     let gi = b
