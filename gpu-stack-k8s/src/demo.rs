@@ -337,7 +337,9 @@ async fn run_mig_manager(
         force: false,
         client_timeout: Duration::from_secs(5),
         poll: Duration::from_millis(10),
-        reset_gpus: false,
+        // As the manager binary does by default: a MIG mode change that waits
+        // for a reset gets one.
+        reset_gpus: true,
         signal_file: None,
     };
     let result = reconcile(
