@@ -151,10 +151,12 @@ mod tests {
         let c = InMemoryCluster::new();
         c.upsert_node(node("g", &[(DP, "true"), ("old", "x")]));
         let before = c.stats().writes;
-        let mut patch = NodePatch::default();
-        patch.labels = LabelEdits {
-            set: [(DP.to_string(), "paused-for-mig-change".to_string())].into(),
-            remove: vec!["old".into()],
+        let mut patch = NodePatch {
+            labels: LabelEdits {
+                set: [(DP.to_string(), "paused-for-mig-change".to_string())].into(),
+                remove: vec!["old".into()],
+            },
+            ..Default::default()
         };
         patch.annotations.insert("a".into(), Some("1".into()));
         block_on(NodeApi::patch(&c, "g", &patch)).unwrap();
