@@ -2,8 +2,12 @@
 //! without a cluster, on the same apply path as `gpu-mig-manager`
 //! (`gpu_stack_nvml::migapply`).
 //!
+//! `apply` lists the compute processes of every MIG-capable GPU through the
+//! backend and refuses to destroy an instance a process runs on (naming the
+//! GPU, the instance and the pids, changing nothing) unless `--force`.
+//!
 //! Exit codes: 0 = done / GPUs match, 1 = `assert` found a difference (or
-//! `apply` needs a reboot), 2 = bad input or a failure to act.
+//! `apply` needs a reboot), 2 = bad input, busy instances or a failure to act.
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};

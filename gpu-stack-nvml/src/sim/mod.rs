@@ -115,7 +115,7 @@ pub struct SimGpuSpec {
     pub telemetry: Option<SimTelemetry>,
     /// Compute processes running at start (the `gpu` field is ignored; an
     /// `instance` must be one of `instances`). They end when their instance is
-    /// destroyed, the MIG mode changes or the GPU is reset.
+    /// destroyed or the MIG mode changes; a GPU reset is refused while any run.
     pub processes: Vec<FleetProcess>,
 }
 
@@ -565,7 +565,8 @@ impl SimulatedBackend {
     /// instance defaults to the GPU instance's first), on the whole GPU when it
     /// is off. `pid` defaults to the lowest free id from 4000. The process is
     /// listed by [`GpuBackend::running_processes`] until it is stopped, its
-    /// instance is destroyed, the MIG mode changes or the GPU is reset.
+    /// instance is destroyed, the MIG mode changes or the node reboots; GPU
+    /// resets are refused while it runs.
     pub fn start_process(
         &self,
         gpu: u32,
@@ -1308,8 +1309,16 @@ impl GpuBackend for SimulatedBackend {
                     detail: "processes are running on the GPU; stop them before a reset".into(),
                 });
             }
+            if !g.processes.is_empty() {
+                return Err(BackendError::InUse {
+                    gpu,
+                    detail: format!(
+                        "processes {:?} are running on the GPU; stop them before a reset (or reboot the node)",
+                        g.processes.iter().map(|p| p.pid).collect::<Vec<_>>()
+                    ),
+                });
+            }
             g.lost = false;
-            g.processes.clear();
             g.mig_current = g.mig_pending;
             if !g.mig_current {
                 g.gpu_instances.clear();
