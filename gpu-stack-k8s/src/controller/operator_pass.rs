@@ -103,6 +103,11 @@ impl OperatorPass {
         )
         .await
         .map(|_| ())
+        .or_else(|source| match source {
+            // Already gone (a second pass over a deleted policy): nothing to update.
+            kube::Error::Api(ref status) if status.code == 404 => Ok(()),
+            source => Err(source),
+        })
         .map_err(|source| KubePassError::Finalizer {
             policy: policy.name_any(),
             source,

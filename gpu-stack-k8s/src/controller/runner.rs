@@ -140,10 +140,18 @@ where
         }
     };
     let mut watch_lease = leadership.as_ref().map(Leadership::subscribe);
+    let mut stop_for_lease = stop_rx.clone();
     tokio::spawn(async move {
         if let Some(rx) = watch_lease.as_mut() {
-            let _ = rx.wait_for(|leader| !*leader).await;
-            let _ = lost_tx.send(true);
+            // Ends on shutdown too: this receiver must be dropped before the
+            // lease can be released (the election task waits for every
+            // receiver to go away).
+            tokio::select! {
+                _ = rx.wait_for(|leader| !*leader) => {
+                    let _ = lost_tx.send(true);
+                }
+                _ = stop_for_lease.wait_for(|s| *s) => {}
+            }
         } else {
             // No election: never lost; keep the sender alive until shutdown.
             std::future::pending::<()>().await;
