@@ -100,13 +100,18 @@ struct Files {
 }
 
 fn write_files(node: &str) -> Result<Files> {
+    write_files_for(node, 8, "")
+}
+
+/// Files for a node of `count` H100s; `node_extra` is more YAML under the node.
+fn write_files_for(node: &str, count: u32, node_extra: &str) -> Result<Files> {
     let dir = std::env::temp_dir().join(format!("gpu-stack-mig-e2e-{}", unique_suffix()));
     std::fs::create_dir_all(&dir)?;
     let fleet = dir.join("fleet.yaml");
     std::fs::write(
         &fleet,
         format!(
-            "nodes:\n  - name: {node}\n    gpus:\n      - model: H100-SXM5-80GB\n        count: 8\n"
+            "nodes:\n  - name: {node}\n{node_extra}    gpus:\n      - model: H100-SXM5-80GB\n        count: {count}\n"
         ),
     )?;
     let config = dir.join("config.yaml");
@@ -123,8 +128,20 @@ fn write_files(node: &str) -> Result<Files> {
 }
 
 fn start_manager(cluster: &TestCluster, node: &str, files: &Files) -> Result<Manager> {
+    start_manager_with(cluster, node, files, &[])
+}
+
+fn start_manager_with(
+    cluster: &TestCluster,
+    node: &str,
+    files: &Files,
+    extra: &[&str],
+) -> Result<Manager> {
     let log = files.dir.join("manager.log");
-    let out = std::fs::File::create(&log)?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)?;
     let child = Command::new(binary("gpu-mig-manager")?)
         .arg("--node-name")
         .arg(node)
@@ -139,6 +156,7 @@ fn start_manager(cluster: &TestCluster, node: &str, files: &Files) -> Result<Man
         .arg("--kubeconfig")
         .arg(cluster.kubeconfig())
         .args(["--client-timeout-seconds", "60", "--poll-ms", "200"])
+        .args(extra)
         .env_remove("NODE_NAME")
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
@@ -409,5 +427,124 @@ async fn scenario(
             .all(|(s, _)| s.as_deref() != Some("pending")),
         "the impossible config never went pending: {h:?}"
     );
+    Ok(())
+}
+
+/// The `rebooting` path: MIG mode changes on this node need a GPU reset the
+/// manager is told not to do, so the first pass ends `rebooting` with the
+/// clients still paused and the reboot hook run; after the simulated reboot
+/// (`gpu-stack gpus --reboot` on the node's state file) the restarted manager
+/// finishes the change and restores the labels.
+#[tokio::test]
+async fn mig_manager_reports_rebooting_runs_the_hook_and_resumes_after_reboot() -> Result<()> {
+    let cluster = TestCluster::attach().await?;
+    let client = cluster.client();
+    let prefix = format!("migr-{}", unique_suffix());
+    let fleet = GpuFleet::new(prefix, 1)
+        .with_label(DEPLOY_DP, "true")
+        .with_label(DEPLOY_EXPORTER, "false");
+    let names = cluster.create_gpu_nodes(&fleet).await?;
+    let node = names[0].clone();
+    let files = write_files_for(&node, 2, "    mig-change-needs-reset: true\n")?;
+
+    let outcome = reboot_scenario(&cluster, &client, &node, &files).await;
+
+    cluster.delete_nodes(&names).await?;
+    if outcome.is_ok() {
+        let _ = std::fs::remove_dir_all(&files.dir);
+    }
+    outcome
+}
+
+async fn reboot_scenario(
+    cluster: &TestCluster,
+    client: &Client,
+    node: &str,
+    files: &Files,
+) -> Result<()> {
+    let nodes = Api::<Node>::all(client.clone());
+    let before = deploy_labels(&labels(&nodes.get(node).await?));
+    let marker = files.dir.join("rebooted-by-hook");
+    let hook = format!("echo \"$NODE_NAME $MIG_CONFIG\" > '{}'", marker.display());
+    let mut manager = start_manager_with(
+        cluster,
+        node,
+        files,
+        &["--no-gpu-reset", "--reboot-hook", &hook],
+    )?;
+    let first = async {
+        label_node(client, node, MIG_CONFIG, "all-1g.10gb").await?;
+        let rebooting = wait_label(client, node, MIG_STATE, "rebooting").await?;
+        let l = labels(&rebooting);
+        ensure!(
+            l.get(DEPLOY_DP).map(String::as_str) == Some(PAUSED),
+            "clients stay paused across the reboot: {l:?}"
+        );
+        ensure!(
+            rebooting.annotations().contains_key(PAUSE_RECORD),
+            "the pause record survives for the next start"
+        );
+        let text = wait_for("the reboot hook's marker file", LONG, || {
+            let marker = marker.clone();
+            async move {
+                Ok(std::fs::read_to_string(&marker)
+                    .ok()
+                    .filter(|t| !t.is_empty()))
+            }
+        })
+        .await?;
+        ensure!(
+            text.trim() == format!("{node} all-1g.10gb"),
+            "the hook saw NODE_NAME and MIG_CONFIG: {text:?}"
+        );
+        ensure!(
+            !mig_assert(files, node, "all-1g.10gb")?,
+            "nothing is done before the reboot"
+        );
+        let status = manager.terminate()?;
+        ensure!(status.success(), "gpu-mig-manager exited with {status}");
+        Ok::<(), anyhow::Error>(())
+    };
+    if let Err(e) = first.await {
+        bail!("{e:#}\n--- gpu-mig-manager log ---\n{}", manager.log_tail());
+    }
+
+    // The node reboots: pending MIG modes take effect, instances are gone.
+    let out = Command::new(binary("gpu-stack")?)
+        .args(["gpus", "--reboot", "--backend", "simulated", "--fleet"])
+        .arg(&files.fleet)
+        .args(["--node", node, "--sim-state"])
+        .arg(&files.state)
+        .output()
+        .context("running gpu-stack gpus --reboot")?;
+    ensure!(
+        out.status.success(),
+        "gpu-stack gpus --reboot failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut manager = start_manager_with(cluster, node, files, &["--no-gpu-reset"])?;
+    let second = async {
+        let done = wait_label(client, node, MIG_STATE, "success").await?;
+        let l = labels(&done);
+        ensure!(
+            deploy_labels(&l) == before,
+            "deploy labels restored exactly: {l:?}"
+        );
+        ensure!(
+            !done.annotations().contains_key(PAUSE_RECORD),
+            "pause record cleared"
+        );
+        ensure!(
+            mig_assert(files, node, "all-1g.10gb")?,
+            "GPUs have all-1g.10gb after the reboot"
+        );
+        let status = manager.terminate()?;
+        ensure!(status.success(), "gpu-mig-manager exited with {status}");
+        Ok::<(), anyhow::Error>(())
+    };
+    if let Err(e) = second.await {
+        bail!("{e:#}\n--- gpu-mig-manager log ---\n{}", manager.log_tail());
+    }
     Ok(())
 }
