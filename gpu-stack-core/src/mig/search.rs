@@ -604,6 +604,8 @@ struct CandBits {
     cands: Vec<Cand>,
     /// Per candidate: its bit in the output order.
     out_bit: Vec<u64>,
+    /// Whether `cands` are in order of start.
+    by_start: bool,
     /// Per candidate: one past its last memory slice.
     end: Vec<usize>,
     /// Per candidate: its compute slices.
@@ -707,9 +709,11 @@ impl CandBits {
                 r
             })
             .collect();
+        let by_start = cands.windows(2).all(|w| w[0].start <= w[1].start);
         CandBits {
             cands,
             out_bit: out_index.iter().map(|&i| bit(i)).collect(),
+            by_start,
             end,
             compute,
             starting_at,
@@ -764,9 +768,15 @@ impl CandBits {
     #[inline]
     fn most_added(&self, future: u64, best: &mut [(u64, u64)]) -> (u64, u64) {
         let axis = self.starting_at.len();
+        // In start order the lowest future candidate starts lowest.
+        let lo = if self.by_start && future != 0 {
+            self.cands[future.trailing_zeros() as usize].start as usize
+        } else {
+            0
+        };
         // best[s]: most (compute, instances) using slices at or after s.
         best[axis] = (0, 0);
-        for s in (0..axis).rev() {
+        for s in (lo..axis).rev() {
             let (mut bc, mut bn) = best[s + 1];
             let mut m = self.starting_at[s] & future;
             while m != 0 {
@@ -778,7 +788,7 @@ impl CandBits {
             }
             best[s] = (bc, bn);
         }
-        best[0]
+        best[lo.min(axis)]
     }
 
     /// The highest candidate index a child of this node may take if a
