@@ -955,5 +955,26 @@ mod tests {
         assert_eq!(inv.errors[0].error.kind(), "gpu_lost");
         let state = backend.mig_state(1);
         assert!(matches!(state, Err(BackendError::NotSupported { .. })));
+        // A backend that does not list processes says so instead of "none".
+        assert_eq!(
+            backend.running_processes(1).unwrap_err().kind(),
+            "not_supported"
+        );
+    }
+
+    #[test]
+    fn gpu_process_omits_unknown_fields_in_json() {
+        let p = GpuProcess {
+            pid: 7,
+            used_memory_bytes: None,
+            gpu_instance_id: Some(1),
+            compute_instance_id: Some(0),
+        };
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(
+            text,
+            r#"{"pid":7,"gpu_instance_id":1,"compute_instance_id":0}"#
+        );
+        assert_eq!(serde_json::from_str::<GpuProcess>(&text).unwrap(), p);
     }
 }
