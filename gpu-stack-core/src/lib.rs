@@ -4,12 +4,12 @@
 //! data, so the operator, the node agents and the CLI share one tested brain.
 pub mod backend;
 pub mod catalog;
+pub mod cdi;
 pub mod deviceplugin;
+pub mod fleet;
+pub mod gfd;
 pub mod metrics;
 pub mod mig;
 pub mod migmanager;
-pub mod operator;
-pub mod fleet;
 pub mod migparted;
-pub mod gfd;
-pub mod cdi;
+pub mod operator;

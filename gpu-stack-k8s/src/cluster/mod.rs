@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 
-pub mod kube_cluster;
 pub mod fleet;
+pub mod kube_cluster;
 pub mod memory;
 pub mod node_api;
 pub mod object;
