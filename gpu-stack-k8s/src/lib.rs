@@ -1,4 +1,19 @@
 //! gpu-stack-k8s: the cluster side effects of gpu-stack.
+//!
+//! - [`clusterpolicy`], [`desired`], [`operator`]: the ClusterPolicy CRD, the pure
+//!   desired-state function and the reconcile loop over the [`cluster::Cluster`]
+//!   seam (in-memory and kube implementations); [`controller`] and [`leader`] run
+//!   it on a real cluster.
+//! - [`deviceplugin`], [`podresources`], [`exporter`], [`migmanager`]: the node
+//!   agents' kubelet protocols and loops.
+//! - [`demo`]: the operator and agents against an in-memory cluster and simulated GPUs.
+//!
+//! ```
+//! // The CRD users install is generated from the Rust types.
+//! let crd = gpu_stack_k8s::clusterpolicy::crd_yaml()?;
+//! assert!(crd.contains("clusterpolicies.nvidia.com"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 pub mod cluster;
 pub mod clusterpolicy;
 pub mod controller;
