@@ -163,10 +163,13 @@ fn test(layout: &Layout) -> Result<ExitCode> {
         }
         return Ok(ExitCode::from(130));
     }
-    match outcome.context("running `cargo test --workspace --all-targets`")? {
-        true => Ok(ExitCode::SUCCESS),
-        false => bail!("`cargo test --workspace --all-targets` failed"),
+    let all_targets_passed = outcome.context("running `cargo test --workspace --all-targets`")?;
+    // `--all-targets` leaves out doctests; the crate docs' examples must run too.
+    let doc_outcome = cargo(&["test", "--workspace", "--doc"]);
+    if !all_targets_passed {
+        bail!("`cargo test --workspace --all-targets` failed");
     }
+    doc_outcome.map(|()| ExitCode::SUCCESS)
 }
 
 fn cargo_bin() -> String {
