@@ -6,9 +6,11 @@
 //!   labels it writes (respecting values other agents wrote).
 //! - [`driver`]: the driver selection matrix: image references, OS and kernel
 //!   pools, and GPU × driver-branch compatibility.
+//! - [`validation`]: the per-node validator's checks and the status files it writes.
 //!
 //! The kube-facing crate turns a ClusterPolicy and node objects into these
 //! inputs, so every rule here is testable without a cluster.
 pub mod components;
 pub mod driver;
 pub mod labels;
+pub mod validation;
