@@ -27,3 +27,4 @@ pub mod migmanager;
 pub mod operator;
 pub mod operator_metrics;
 pub mod podresources;
+pub mod validator;

@@ -1,0 +1,445 @@
+//! The per-node validator's side effects: gathering evidence (GPU backend,
+//! files on the node, the Node object through the API server), writing and
+//! removing status files under the validations directory, and waiting.
+//!
+//! The decisions are in [`gpu_stack_core::operator::validation`]. A status
+//! file is written atomically (temporary file in the same directory, then
+//! rename), so an init container polling for it never reads half a file; a
+//! failed check writes nothing and removes a stale file of the same name.
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_stack_core::backend::GpuBackend;
+use gpu_stack_core::operator::validation::{
+    CudaVersion, DriverEvidence, DriverRoot, PluginEvidence, ReadyFile, ToolkitEvidence,
+    ValidationComponent, ValidationError, check_cuda, check_driver, check_plugin, check_toolkit,
+    missing_ready_files,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+
+/// Paths the container toolkit leaves on a node, looked at by the `toolkit`
+/// check when none are given: CDI specs, the containerd drop-in and the
+/// toolkit's install directory.
+pub const DEFAULT_TOOLKIT_EVIDENCE: &[&str] = &[
+    "/var/run/cdi/nvidia.yaml",
+    "/etc/cdi/nvidia.yaml",
+    "/etc/containerd/conf.d/99-nvidia.toml",
+    "/usr/local/nvidia/toolkit",
+];
+
+/// Errors of the validator's adapter.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidatorError {
+    /// The component is not valid (what is missing and how to fix it).
+    #[error(transparent)]
+    Check(#[from] ValidationError),
+    /// A status file could not be written or removed.
+    #[error(
+        "cannot {action} {path}: {source}; check that the validations directory is mounted read-write (hostPath /run/nvidia/validations)"
+    )]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The plugin check has no node name.
+    #[error(
+        "the plugin check needs the node name: pass --node or set NODE_NAME (the DaemonSet sets it from spec.nodeName)"
+    )]
+    NoNodeName,
+    /// The plugin check has no Kubernetes client.
+    #[error(
+        "the plugin check needs the Kubernetes API: run in-cluster, set $KUBECONFIG or pass --kubeconfig ({0})"
+    )]
+    NoKube(String),
+    /// Reading the Node failed.
+    #[error(
+        "plugin not ready: cannot read node {node} from the API server: {source}; check the validator's RBAC (get nodes) and that the node name is right"
+    )]
+    Kube {
+        /// Node name.
+        node: String,
+        /// The cause.
+        source: kube::Error,
+    },
+    /// `--wait` gave up.
+    #[error("{component} not ready after {secs} s of waiting; last failure: {last}")]
+    CheckTimedOut {
+        /// Component checked.
+        component: ValidationComponent,
+        /// Seconds waited.
+        secs: u64,
+        /// The last check's failure.
+        last: Box<ValidatorError>,
+    },
+    /// Waiting for status files gave up.
+    #[error(
+        "timed out after {secs} s waiting for {} in {}; the validator pod on this node writes them once its checks pass: see its init containers' logs",
+        missing.join(", "),
+        dir.display()
+    )]
+    WaitTimedOut {
+        /// Files still missing.
+        missing: Vec<String>,
+        /// Directory watched.
+        dir: PathBuf,
+        /// Seconds waited.
+        secs: u64,
+    },
+}
+
+/// Where the validator gets its evidence from.
+pub struct Sources {
+    /// Opens the GPU backend (retried by `--wait`: the driver may not be loaded yet).
+    pub gpus: Box<dyn Fn() -> Result<Arc<dyn GpuBackend>, String> + Send + Sync>,
+    /// Kubernetes client for the plugin check, or why there is none.
+    pub kube: Result<kube::Client, String>,
+}
+
+/// How the validator runs.
+#[derive(Debug, Clone)]
+pub struct ValidatorOptions {
+    /// Directory of the status files (`/run/nvidia/validations`).
+    pub dir: PathBuf,
+    /// Where the driver lives (`/` for a host driver).
+    pub driver_root: DriverRoot,
+    /// Paths whose existence shows the toolkit is installed.
+    pub toolkit_evidence: Vec<PathBuf>,
+    /// CUDA driver API version the `cuda` check requires.
+    pub cuda_required: CudaVersion,
+    /// Node name (for the plugin check).
+    pub node: Option<String>,
+    /// Retry failed checks until this much time has passed (`None`: check once).
+    pub wait: Option<Duration>,
+    /// Pause between retries.
+    pub poll: Duration,
+}
+
+/// Reads what the driver says through the GPU backend.
+pub fn driver_evidence(gpus: &dyn GpuBackend) -> Result<DriverEvidence, ValidationError> {
+    let unreachable = |e: gpu_stack_core::backend::BackendError| {
+        ValidationError::DriverUnreachable(e.to_string())
+    };
+    let info = gpus.system_info().map_err(unreachable)?;
+    let gpu_count = gpus.device_count().map_err(unreachable)?;
+    Ok(DriverEvidence {
+        gpu_count,
+        driver_version: info.driver_version,
+        cuda_driver_version: info.cuda_driver_version,
+    })
+}
+
+/// Which of `paths` exist.
+pub fn toolkit_evidence(paths: &[PathBuf]) -> ToolkitEvidence {
+    let checked: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    let present = paths
+        .iter()
+        .filter(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    ToolkitEvidence { checked, present }
+}
+
+/// Reads the Node's allocatable resources.
+pub async fn plugin_evidence(
+    client: &kube::Client,
+    node: &str,
+) -> Result<PluginEvidence, ValidatorError> {
+    let api: Api<Node> = Api::all(client.clone());
+    let n = api.get(node).await.map_err(|source| ValidatorError::Kube {
+        node: node.to_string(),
+        source,
+    })?;
+    let allocatable: BTreeMap<String, String> = n
+        .status
+        .and_then(|s| s.allocatable)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, q)| (k, q.0))
+        .collect();
+    Ok(PluginEvidence {
+        node: node.to_string(),
+        allocatable,
+    })
+}
+
+/// Writes a status file atomically (temporary file, fsync, rename); returns its path.
+pub fn write_ready(dir: &Path, file: &ReadyFile) -> Result<PathBuf, ValidatorError> {
+    let io = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ValidatorError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+    let target = dir.join(file.name);
+    let tmp = dir.join(format!(".{}.tmp-{}", file.name, std::process::id()));
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(file.content.as_bytes())?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io("write", &tmp)(e));
+    }
+    if let Err(e) = std::fs::rename(&tmp, &target) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io("rename into", &target)(e));
+    }
+    Ok(target)
+}
+
+/// Removes a status file; `true` when there was one.
+pub fn remove_ready(dir: &Path, name: &str) -> Result<bool, ValidatorError> {
+    let path = dir.join(name);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(ValidatorError::Io {
+            action: "remove",
+            path,
+            source,
+        }),
+    }
+}
+
+/// Names of the regular files in `dir` (empty when it does not exist).
+pub fn present_files(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Gathers evidence for one component and decides, once.
+pub async fn check_once(
+    component: ValidationComponent,
+    options: &ValidatorOptions,
+    sources: &Sources,
+) -> Result<ReadyFile, ValidatorError> {
+    match component {
+        ValidationComponent::Driver | ValidationComponent::Cuda => {
+            let gpus = (sources.gpus)().map_err(ValidationError::DriverUnreachable)?;
+            let evidence = driver_evidence(gpus.as_ref())?;
+            Ok(if component == ValidationComponent::Driver {
+                check_driver(&evidence, &options.driver_root)?
+            } else {
+                check_cuda(&evidence, options.cuda_required)?
+            })
+        }
+        ValidationComponent::Toolkit => {
+            Ok(check_toolkit(&toolkit_evidence(&options.toolkit_evidence))?)
+        }
+        ValidationComponent::Plugin => {
+            let node = options.node.as_deref().ok_or(ValidatorError::NoNodeName)?;
+            let client = sources
+                .kube
+                .as_ref()
+                .map_err(|e| ValidatorError::NoKube(e.clone()))?;
+            Ok(check_plugin(&plugin_evidence(client, node).await?)?)
+        }
+    }
+}
+
+/// Validates one component: on success writes its status file and returns
+/// its path; on failure removes a stale status file and returns why. With
+/// `options.wait`, a failed check is retried until it passes or time runs out.
+pub async fn validate(
+    component: ValidationComponent,
+    options: &ValidatorOptions,
+    sources: &Sources,
+) -> Result<PathBuf, ValidatorError> {
+    let started = tokio::time::Instant::now();
+    loop {
+        match check_once(component, options, sources).await {
+            Ok(file) => return write_ready(&options.dir, &file),
+            Err(err) => {
+                remove_ready(&options.dir, component.ready_file())?;
+                let Some(limit) = options.wait else {
+                    return Err(err);
+                };
+                if started.elapsed() + options.poll > limit {
+                    return Err(ValidatorError::CheckTimedOut {
+                        component,
+                        secs: limit.as_secs(),
+                        last: Box::new(err),
+                    });
+                }
+                tracing::info!(%component, "not ready yet: {err}");
+                tokio::time::sleep(options.poll).await;
+            }
+        }
+    }
+}
+
+/// Waits until the status files of `wanted` all exist in `dir`, polling
+/// every `poll`, for at most `timeout`.
+pub async fn wait_for_ready(
+    dir: &Path,
+    wanted: &[ValidationComponent],
+    timeout: Duration,
+    poll: Duration,
+) -> Result<(), ValidatorError> {
+    let started = tokio::time::Instant::now();
+    loop {
+        let missing = missing_ready_files(wanted, &present_files(dir));
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() + poll > timeout {
+            return Err(ValidatorError::WaitTimedOut {
+                missing: missing.into_iter().map(String::from).collect(),
+                dir: dir.to_path_buf(),
+                secs: timeout.as_secs(),
+            });
+        }
+        tracing::info!("waiting for {}", missing.join(", "));
+        tokio::time::sleep(poll).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_stack_nvml::{SimNodeSpec, SimulatedBackend};
+
+    fn options(dir: &Path) -> ValidatorOptions {
+        ValidatorOptions {
+            dir: dir.to_path_buf(),
+            driver_root: DriverRoot {
+                host_path: "/".into(),
+            },
+            toolkit_evidence: vec![dir.join("toolkit-installed")],
+            cuda_required: "12.0".parse().unwrap(),
+            node: None,
+            wait: None,
+            poll: Duration::from_millis(10),
+        }
+    }
+
+    fn sources(fleet: &'static str) -> Sources {
+        Sources {
+            gpus: Box::new(move || {
+                let f =
+                    gpu_stack_core::fleet::Fleet::from_yaml(fleet).map_err(|e| e.to_string())?;
+                let spec = SimNodeSpec::from_fleet(&f, Some("n")).map_err(|e| e.to_string())?;
+                let b = SimulatedBackend::new(&spec).map_err(|e| e.to_string())?;
+                Ok(Arc::new(b) as Arc<dyn GpuBackend>)
+            }),
+            kube: Err("none in unit tests".into()),
+        }
+    }
+
+    const TWO_GPUS: &str =
+        "nodes:\n  - name: n\n    gpus:\n      - model: H100-SXM5-80GB\n        count: 2\n";
+    const NO_GPUS: &str = "nodes:\n  - name: n\n    gpus: []\n";
+
+    #[tokio::test]
+    async fn driver_and_cuda_write_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = options(dir.path());
+        let s = sources(TWO_GPUS);
+        let p = validate(ValidationComponent::Driver, &o, &s).await.unwrap();
+        let text = std::fs::read_to_string(p).unwrap();
+        assert!(text.contains("GPU_COUNT=2\n"), "{text}");
+        validate(ValidationComponent::Cuda, &o, &s).await.unwrap();
+        assert_eq!(
+            present_files(dir.path()),
+            BTreeSet::from(["cuda-ready".to_string(), "driver-ready".to_string()])
+        );
+    }
+
+    #[tokio::test]
+    async fn failure_removes_stale_file_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("driver-ready"), "stale").unwrap();
+        let err = validate(
+            ValidationComponent::Driver,
+            &options(dir.path()),
+            &sources(NO_GPUS),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, ValidatorError::Check(ValidationError::NoGpus)),
+            "{err}"
+        );
+        assert!(present_files(dir.path()).is_empty());
+    }
+
+    #[tokio::test]
+    async fn plugin_without_node_name_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = validate(
+            ValidationComponent::Plugin,
+            &options(dir.path()),
+            &sources(TWO_GPUS),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("NODE_NAME"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn waiting_check_passes_once_evidence_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = options(dir.path());
+        o.wait = Some(Duration::from_secs(30));
+        let marker = dir.path().join("toolkit-installed");
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            std::fs::create_dir(marker).unwrap();
+        });
+        validate(ValidationComponent::Toolkit, &o, &sources(TWO_GPUS))
+            .await
+            .unwrap();
+        writer.await.unwrap();
+        assert!(dir.path().join("toolkit-ready").exists());
+    }
+
+    #[tokio::test]
+    async fn waiting_check_times_out_with_the_last_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = options(dir.path());
+        o.wait = Some(Duration::from_millis(30));
+        let err = validate(ValidationComponent::Toolkit, &o, &sources(TWO_GPUS))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("toolkit not ready") && err.contains("toolkit-installed"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn write_is_atomic_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("validations");
+        let file = ReadyFile {
+            name: "toolkit-ready",
+            content: "X=1\n".into(),
+        };
+        write_ready(&sub, &file).unwrap();
+        write_ready(&sub, &file).unwrap();
+        assert_eq!(
+            present_files(&sub),
+            BTreeSet::from(["toolkit-ready".to_string()])
+        );
+        assert!(remove_ready(&sub, "toolkit-ready").unwrap());
+        assert!(!remove_ready(&sub, "toolkit-ready").unwrap());
+    }
+}
