@@ -22,6 +22,8 @@ enum Command {
     Demo(cli::demo::Args),
     /// Print the ClusterPolicy CRD (YAML) generated from the Rust types.
     Crdgen(cli::crdgen::Args),
+    /// Check the driver, toolkit, CUDA and device plugin on this node and write the validation status files.
+    Validator(cli::validator::Args),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         Command::Gpus(args) => cli::gpus::run(args),
         Command::Demo(args) => cli::demo::run(args),
         Command::Crdgen(args) => cli::crdgen::run(args),
+        Command::Validator(args) => cli::validator::run(args),
     };
     match result {
         Ok(code) => code,

@@ -4,3 +4,4 @@ pub mod demo;
 pub mod gpus;
 pub mod mig;
 pub mod mig_apply;
+pub mod validator;
