@@ -317,6 +317,8 @@ fn gate_container(ctx: &RenderContext, gate: Gate) -> Container {
     };
     match gate.validator_component() {
         Some(component) => {
+            // The image's entrypoint is `gpu-stack`; the check is its `validator` subcommand.
+            c.args = Some(vec!["validator".into()]);
             c.env = Some(vec![
                 env("COMPONENT", component),
                 env("WITH_WAIT", "true"),
