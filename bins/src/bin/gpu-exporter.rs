@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
+use gpu_stack_bins::agent::{LogFormat, init_logging, shutdown_signal};
 use gpu_stack_bins::backend_flags::BackendArgs;
 use gpu_stack_core::metrics::{CounterSet, RenderOptions, ResourceMatcher, parse_counters};
 use gpu_stack_k8s::exporter::{self, ExporterConfig, PodResourcesConfig};
@@ -107,21 +108,6 @@ fn hostname(args: &Args) -> Option<String> {
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(t) => t,
-        Err(_) => {
-            let _ = ctrl_c.await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term.recv() => {},
-    }
-}
-
 async fn run(args: Args, started: Instant) -> Result<(), Fail> {
     let counters = counters(&args)?;
     let addr = exporter::parse_listen(&args.listen).map_err(fail(2))?;
@@ -169,16 +155,11 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if args.log_json {
-        builder.json().init();
+    init_logging(if args.log_json {
+        LogFormat::Json
     } else {
-        builder.init();
-    }
+        LogFormat::Text
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

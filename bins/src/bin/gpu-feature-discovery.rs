@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use gpu_stack_bins::agent::kube_client;
 use gpu_stack_bins::backend_flags::BackendArgs;
 use gpu_stack_core::backend::GpuBackend;
 use gpu_stack_core::deviceplugin::{ConfigFile, Overrides, Settings};
@@ -125,24 +126,6 @@ async fn compute(backend: &Arc<dyn GpuBackend>, settings: &Settings) -> Result<L
     ))
 }
 
-/// The client for `--publish`: `--kubeconfig` when given, else kube's default
-/// chain (in-cluster, `$KUBECONFIG`, `~/.kube/config`).
-async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let raw = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(raw, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no Kubernetes configuration (in-cluster, $KUBECONFIG or --kubeconfig)")?,
-    };
-    kube::Client::try_from(config).context("cannot build the Kubernetes client")
-}
-
 /// Brings the Node's GFD-owned labels to `desired` with one metadata merge
 /// patch (none when nothing changed); labels GFD does not own are untouched.
 /// Reads and writes only the Node's metadata, not its (large) status.
@@ -186,7 +169,7 @@ async fn main() -> Result<()> {
         (None, false) => None,
     };
     let client = match node_name {
-        Some(_) if cli.publish => Some(client(cli.kubeconfig.as_deref()).await?),
+        Some(_) if cli.publish => Some(kube_client(cli.kubeconfig.as_deref()).await?),
         _ => None,
     };
     let mut term = signal(SignalKind::terminate())?;

@@ -8,16 +8,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use gpu_stack_bins::agent::{LogFormat, init_logging, kube_client, run_main, shutdown_signal};
 use gpu_stack_bins::backend_flags::BackendArgs;
 use gpu_stack_k8s::migmanager::ManagerOptions;
 use gpu_stack_k8s::migmanager::agent::{AgentOptions, load_config, run};
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
 
 /// gpu-mig-manager: applies mig-parted configs selected by node label.
 #[derive(Parser, Debug)]
@@ -73,36 +68,7 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(args.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(err) => {
-            tracing::error!(%err, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(manage(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!("{err:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    run_main(manage(args))
 }
 
 async fn manage(args: Args) -> Result<()> {
@@ -113,19 +79,7 @@ async fn manage(args: Args) -> Result<()> {
         backend_args.node = Some(args.node_name.clone());
     }
     let backend = backend_args.build()?;
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let raw = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(raw, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no Kubernetes configuration (in-cluster, $KUBECONFIG or --kubeconfig)")?,
-    };
-    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let client = kube_client(args.kubeconfig.as_deref()).await?;
     let options = AgentOptions {
         manager: ManagerOptions {
             node: args.node_name,
@@ -146,21 +100,4 @@ async fn manage(args: Args) -> Result<()> {
         .context("gpu-mig-manager stopped")?;
     tracing::info!("shut down cleanly");
     Ok(())
-}
-
-/// Resolves on SIGTERM (what the kubelet sends) or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-            }
-        }
-        Err(err) => {
-            tracing::warn!(%err, "cannot listen for SIGTERM; only SIGINT stops the manager");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

@@ -18,6 +18,7 @@ use gpu_stack_k8s::validator::{
     DEFAULT_TOOLKIT_EVIDENCE, Sources, ValidatorError, ValidatorOptions, validate, wait_for_ready,
 };
 
+use crate::agent::kube_client;
 use crate::backend_flags::BackendArgs;
 
 /// Flags of `gpu-stack validator`.
@@ -89,7 +90,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let sources = Sources {
             gpus: gpu_source(args.backend.clone()),
             kube: if components.contains(&ValidationComponent::Plugin) {
-                kube_client(args.kubeconfig.as_ref())
+                kube_client(args.kubeconfig.as_deref())
                     .await
                     .map_err(|e| format!("{e:#}"))
             } else {
@@ -139,20 +140,4 @@ fn gpu_source(
     backend: BackendArgs,
 ) -> Box<dyn Fn() -> Result<Arc<dyn gpu_stack_core::backend::GpuBackend>, String> + Send + Sync> {
     Box::new(move || backend.build().map_err(|e| format!("{e:#}")))
-}
-
-async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let raw = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(raw, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no Kubernetes configuration (in-cluster, $KUBECONFIG or --kubeconfig)")?,
-    };
-    kube::Client::try_from(config).context("building the Kubernetes client")
 }
