@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use futures::StreamExt;
+use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
 use k8s_openapi::api::events::v1::Event;
@@ -32,25 +33,6 @@ const DEPLOY_DP: &str = "nvidia.com/gpu.deploy.device-plugin";
 const DEPLOY_GFD: &str = "nvidia.com/gpu.deploy.gpu-feature-discovery";
 const DEPLOY_EXPORTER: &str = "nvidia.com/gpu.deploy.dcgm-exporter";
 const PAUSED: &str = "paused-for-mig-change";
-
-/// A binary built next to this test (`cargo test --workspace` and
-/// `cargo xtask test` build every binary of the workspace).
-fn binary(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    // target/<profile>/deps/migmanager_e2e-<hash> -> target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| anyhow!("unexpected test binary location {}", exe.display()))?;
-    let bin = dir.join(name);
-    ensure!(
-        bin.is_file(),
-        "{} is missing: build it with `cargo build -p gpu-stack-bins --bin {name}` \
-         (`cargo xtask test` builds it)",
-        bin.display()
-    );
-    Ok(bin)
-}
 
 /// The manager process; killed if the test ends without stopping it.
 struct Manager {
@@ -142,7 +124,7 @@ fn start_manager_with(
         .create(true)
         .append(true)
         .open(&log)?;
-    let child = Command::new(binary("gpu-mig-manager")?)
+    let child = Command::new(workspace_binary("gpu-mig-manager")?)
         .arg("--node-name")
         .arg(node)
         .arg("--config-file")
@@ -168,7 +150,7 @@ fn start_manager_with(
 
 /// `gpu-stack mig assert` against the node's simulated GPUs: true when they match.
 fn mig_assert(files: &Files, node: &str, config: &str) -> Result<bool> {
-    let out = Command::new(binary("gpu-stack")?)
+    let out = Command::new(workspace_binary("gpu-stack")?)
         .args(["mig", "assert", "-f"])
         .arg(&files.config)
         .args(["-c", config, "--backend", "simulated", "--fleet"])
@@ -510,7 +492,7 @@ async fn reboot_scenario(
     }
 
     // The node reboots: pending MIG modes take effect, instances are gone.
-    let out = Command::new(binary("gpu-stack")?)
+    let out = Command::new(workspace_binary("gpu-stack")?)
         .args(["gpus", "--reboot", "--backend", "simulated", "--fleet"])
         .arg(&files.fleet)
         .args(["--node", node, "--sim-state"])

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::{
     GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, unique_suffix, wait_for,
 };
@@ -32,24 +33,6 @@ const DEPLOY_DEVICE_PLUGIN: &str = "nvidia.com/gpu.deploy.device-plugin";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The operator binary built by `cargo test --workspace` (or `cargo build`).
-fn operator_binary() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    // target/<profile>/deps/operator_e2e-<hash> -> target/<profile>/gpu-operator
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| anyhow!("unexpected test binary location {}", exe.display()))?;
-    let bin = dir.join("gpu-operator");
-    ensure!(
-        bin.is_file(),
-        "{} is missing: build it with `cargo build -p gpu-stack-bins --bin gpu-operator` \
-         (`cargo xtask test` builds it)",
-        bin.display()
-    );
-    Ok(bin)
 }
 
 fn helm() -> Result<PathBuf> {
@@ -379,7 +362,7 @@ async fn force_delete_policy(client: &Client, name: &str) -> Result<()> {
 async fn operator_binary_on_a_real_cluster() -> Result<()> {
     let cluster = TestCluster::attach().await?;
     let admin = cluster.client();
-    let bin = operator_binary()?;
+    let bin = workspace_binary("gpu-operator")?;
     let suffix = unique_suffix();
     let prefix = format!("op{suffix}");
     let namespace = cluster.create_namespace("gpu-op").await?;
@@ -840,7 +823,7 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     let admin = cluster.client();
     let bin = match std::env::var_os("GPU_STACK_OPERATOR_BIN") {
         Some(p) => PathBuf::from(p),
-        None => operator_binary()?,
+        None => workspace_binary("gpu-operator")?,
     };
     let suffix = unique_suffix();
     let prefix = format!("bench{suffix}");
