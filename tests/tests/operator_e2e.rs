@@ -128,6 +128,50 @@ async fn delete_applied(client: &Client, objs: &[DynamicObject]) {
     }
 }
 
+/// Server-side applies the generated ClusterPolicy CRD.
+async fn apply_crd(crds: &Api<CustomResourceDefinition>) -> Result<()> {
+    crds.patch(
+        "clusterpolicies.nvidia.com",
+        &PatchParams::apply("gpu-stack-e2e").force(),
+        &Patch::Apply(&ClusterPolicy::crd()),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A kubeconfig for the chart's ServiceAccount (from `rbac`), so the operator
+/// runs with exactly the permissions the chart grants.
+async fn chart_kubeconfig(
+    cluster: &TestCluster,
+    admin: &Client,
+    rbac: &[DynamicObject],
+    namespace: &str,
+    tmp: &Path,
+) -> Result<PathBuf> {
+    let sa = rbac
+        .iter()
+        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "ServiceAccount"))
+        .map(ResourceExt::name_any)
+        .ok_or_else(|| anyhow!("the chart has no ServiceAccount"))?;
+    let token = Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create_token_request(
+            &sa,
+            &PostParams::default(),
+            &TokenRequest {
+                spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+                    expiration_seconds: Some(3600),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await?
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| anyhow!("no token in TokenRequest answer"))?;
+    token_kubeconfig(cluster.kubeconfig(), &token, tmp)
+}
+
 /// A kubeconfig for the test cluster that authenticates with `token`.
 fn token_kubeconfig(admin: &Path, token: &str, dir: &Path) -> Result<PathBuf> {
     let mut kc = kube::config::Kubeconfig::read_from(admin)?;
@@ -372,12 +416,7 @@ async fn operator_binary_on_a_real_cluster() -> Result<()> {
 
     // CRD install (the generated one), and the chart's ServiceAccount and RBAC.
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    crds.patch(
-        "clusterpolicies.nvidia.com",
-        &PatchParams::apply("gpu-stack-e2e").force(),
-        &Patch::Apply(&ClusterPolicy::crd()),
-    )
-    .await?;
+    apply_crd(&crds).await?;
     wait_for("ClusterPolicy CRD established", LONG, || async {
         let crd = crds.get("clusterpolicies.nvidia.com").await?;
         Ok(crd
@@ -392,28 +431,7 @@ async fn operator_binary_on_a_real_cluster() -> Result<()> {
     .await?;
     force_delete_policy(&admin, "cluster-policy").await?;
     let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
-    let sa = rbac
-        .iter()
-        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "ServiceAccount"))
-        .map(ResourceExt::name_any)
-        .ok_or_else(|| anyhow!("the chart has no ServiceAccount"))?;
-    let token = Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
-        .create_token_request(
-            &sa,
-            &PostParams::default(),
-            &TokenRequest {
-                spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
-                    expiration_seconds: Some(3600),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await?
-        .status
-        .map(|s| s.token)
-        .ok_or_else(|| anyhow!("no token in TokenRequest answer"))?;
-    let kubeconfig = token_kubeconfig(cluster.kubeconfig(), &token, &tmp)?;
+    let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
 
     let result = scenarios(&cluster, &admin, &bin, &kubeconfig, &namespace, &prefix).await;
 
@@ -829,39 +847,13 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     let prefix = format!("bench{suffix}");
     let namespace = cluster.create_namespace("gpu-bench").await?;
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    crds.patch(
-        "clusterpolicies.nvidia.com",
-        &PatchParams::apply("gpu-stack-e2e").force(),
-        &Patch::Apply(&ClusterPolicy::crd()),
-    )
-    .await?;
+    apply_crd(&crds).await?;
     force_delete_policy(&admin, "cluster-policy").await?;
     let tmp = std::env::temp_dir().join(format!("gpu-stack-op-bench-{suffix}"));
     std::fs::create_dir_all(&tmp)?;
     let release = format!("b{suffix}");
     let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
-    let sa = rbac
-        .iter()
-        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "ServiceAccount"))
-        .map(ResourceExt::name_any)
-        .ok_or_else(|| anyhow!("the chart has no ServiceAccount"))?;
-    let token = Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
-        .create_token_request(
-            &sa,
-            &PostParams::default(),
-            &TokenRequest {
-                spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
-                    expiration_seconds: Some(3600),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await?
-        .status
-        .map(|s| s.token)
-        .ok_or_else(|| anyhow!("no token in TokenRequest answer"))?;
-    let kubeconfig = token_kubeconfig(cluster.kubeconfig(), &token, &tmp)?;
+    let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
 
     let t = std::time::Instant::now();
     let names = cluster
