@@ -3,16 +3,14 @@
 //! cluster takes until its pods are Running on every node. This is the floor
 //! the operator's convergence is measured against. Run it through
 //! `scripts/bench-control-plane.sh`, which starts and stops the cluster.
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use gpu_stack_e2e::{
-    E2eError, GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, unique_suffix, wait_for,
+    E2eError, GpuFleet, TestCluster, gpu_probe_daemonset, unique_suffix, wait_for,
 };
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 
@@ -71,39 +69,7 @@ async fn main() -> Result<()> {
     );
 
     let ns = cluster.create_namespace("scale").await?;
-    let labels = BTreeMap::from([("app".to_string(), "scale-probe".to_string())]);
-    let ds = DaemonSet {
-        metadata: ObjectMeta {
-            name: Some("scale-probe".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(DaemonSetSpec {
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..LabelSelector::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    node_selector: Some(BTreeMap::from([
-                        (NFD_NVIDIA_PCI_LABEL.to_string(), "true".to_string()),
-                        (run_label.to_string(), run.clone()),
-                    ])),
-                    containers: vec![Container {
-                        name: "probe".into(),
-                        image: Some("gpu-stack/e2e-probe:0".into()),
-                        ..Container::default()
-                    }],
-                    ..PodSpec::default()
-                }),
-            },
-            ..DaemonSetSpec::default()
-        }),
-        ..DaemonSet::default()
-    };
+    let ds = gpu_probe_daemonset("scale-probe", "scale-probe", run_label, &run);
     let ds_start = Instant::now();
     Api::<DaemonSet>::namespaced(cluster.client(), &ns)
         .create(&PostParams::default(), &ds)

@@ -16,9 +16,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeAddress, NodeStatus, NodeSystemInfo};
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use k8s_openapi::api::core::v1::{
+    Container, Namespace, Node, NodeAddress, NodeStatus, NodeSystemInfo, PodSpec, PodTemplateSpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::api::{DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -354,6 +357,45 @@ pub fn fake_gpu_node(name: &str, gpus: u32, extra_labels: &BTreeMap<String, Stri
             ..NodeStatus::default()
         }),
         ..Node::default()
+    }
+}
+
+/// A DaemonSet named `name` whose pods (label `app=<app>`, one container
+/// `probe`) go to the fake GPU nodes labelled `run_label=<run>`: the workload
+/// the smoke test and the scale example roll out to check scheduling.
+pub fn gpu_probe_daemonset(name: &str, app: &str, run_label: &str, run: &str) -> DaemonSet {
+    let labels = BTreeMap::from([("app".to_string(), app.to_string())]);
+    DaemonSet {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    node_selector: Some(BTreeMap::from([
+                        (NFD_NVIDIA_PCI_LABEL.to_string(), "true".to_string()),
+                        (run_label.to_string(), run.to_string()),
+                    ])),
+                    containers: vec![Container {
+                        name: "probe".into(),
+                        image: Some("gpu-stack/e2e-probe:0".into()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DaemonSetSpec::default()
+        }),
+        ..DaemonSet::default()
     }
 }
 

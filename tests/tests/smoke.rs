@@ -5,12 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use gpu_stack_e2e::{
-    E2eError, GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, unique_suffix, wait_for,
+    E2eError, GpuFleet, TestCluster, gpu_probe_daemonset, unique_suffix, wait_for,
 };
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
     ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
@@ -32,39 +32,7 @@ async fn daemonset_with_node_selector_runs_exactly_one_pod_per_fake_gpu_node() {
     let outsider_nodes = cluster.create_gpu_nodes(&outsider).await.unwrap();
     let ns = cluster.create_namespace("smoke-ds").await.unwrap();
 
-    let labels = BTreeMap::from([("app".to_string(), format!("probe-{run}"))]);
-    let ds = DaemonSet {
-        metadata: ObjectMeta {
-            name: Some("gpu-probe".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(DaemonSetSpec {
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..LabelSelector::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    node_selector: Some(BTreeMap::from([
-                        (NFD_NVIDIA_PCI_LABEL.to_string(), "true".to_string()),
-                        (run_label.to_string(), run.clone()),
-                    ])),
-                    containers: vec![Container {
-                        name: "probe".into(),
-                        image: Some("gpu-stack/e2e-probe:0".into()),
-                        ..Container::default()
-                    }],
-                    ..PodSpec::default()
-                }),
-            },
-            ..DaemonSetSpec::default()
-        }),
-        ..DaemonSet::default()
-    };
+    let ds = gpu_probe_daemonset("gpu-probe", &format!("probe-{run}"), run_label, &run);
     Api::<DaemonSet>::namespaced(cluster.client(), &ns)
         .create(&PostParams::default(), &ds)
         .await
