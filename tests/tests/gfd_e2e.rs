@@ -11,11 +11,11 @@
 //! run publishes the same labels it prints with `-o json`.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
-use gpu_stack_e2e::binaries::workspace_binary;
+use anyhow::{Context, Result, ensure};
+use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
 use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -113,54 +113,16 @@ fn mig_apply(files: &Files, node: &str, config: &str) -> Result<()> {
     Ok(())
 }
 
-/// The long-running GFD process; killed if the test ends without stopping it.
-struct Gfd {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Gfd {
-    fn start(mut cmd: Command, dir: &Path) -> Result<Gfd> {
-        let log = dir.join("gfd.log");
-        let child = cmd
-            .args(["--sleep-interval", "1s"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("starting gpu-feature-discovery")?;
-        Ok(Gfd { child, log })
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
-    /// SIGTERM, then wait (bounded) for a clean exit.
-    fn terminate(&mut self) -> Result<std::process::ExitStatus> {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .context("running kill -TERM")?;
-        ensure!(status.success(), "kill -TERM failed");
-        for _ in 0..200 {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        bail!("gpu-feature-discovery did not stop within 10s of SIGTERM")
-    }
-}
-
-impl Drop for Gfd {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// Starts the long-running GFD process with its stderr in `dir`/gfd.log.
+fn start_gfd(mut cmd: Command, dir: &Path) -> Result<AgentProcess> {
+    let log = dir.join("gfd.log");
+    let child = cmd
+        .args(["--sleep-interval", "1s"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("starting gpu-feature-discovery")?;
+    Ok(AgentProcess::new("gpu-feature-discovery", child, log))
 }
 
 async fn node_labels(api: &Api<Node>, node: &str) -> Result<BTreeMap<String, String>> {
@@ -252,7 +214,7 @@ async fn scenario(cluster: &TestCluster, node: &str, files: &Files) -> Result<()
     assert_foreign_untouched(&labels);
 
     // Long-running: a MIG layout change made by another process shows up.
-    let mut gfd_proc = Gfd::start(gfd(cluster, files, node)?, &files.dir)?;
+    let mut gfd_proc = start_gfd(gfd(cluster, files, node)?, &files.dir)?;
     mig_apply(files, node, "all-1g.5gb")?;
     let labels = wait_labels(&api, node, "mig-1g.5gb labels after all-1g.5gb", |l| {
         l.get("nvidia.com/mig-1g.5gb.count").map(String::as_str) == Some("56")

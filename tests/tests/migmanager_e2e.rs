@@ -9,13 +9,13 @@
 //! for clients to leave is on the path.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use futures::StreamExt;
-use gpu_stack_e2e::binaries::workspace_binary;
+use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
 use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
 use k8s_openapi::api::events::v1::Event;
@@ -33,45 +33,6 @@ const DEPLOY_DP: &str = "nvidia.com/gpu.deploy.device-plugin";
 const DEPLOY_GFD: &str = "nvidia.com/gpu.deploy.gpu-feature-discovery";
 const DEPLOY_EXPORTER: &str = "nvidia.com/gpu.deploy.dcgm-exporter";
 const PAUSED: &str = "paused-for-mig-change";
-
-/// The manager process; killed if the test ends without stopping it.
-struct Manager {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Manager {
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
-    /// SIGTERM, then wait (bounded) for a clean exit.
-    fn terminate(&mut self) -> Result<std::process::ExitStatus> {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .context("running kill -TERM")?;
-        ensure!(status.success(), "kill -TERM failed");
-        for _ in 0..200 {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        bail!("gpu-mig-manager did not stop within 10s of SIGTERM")
-    }
-}
-
-impl Drop for Manager {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 struct Files {
     dir: PathBuf,
@@ -109,7 +70,7 @@ fn write_files_for(node: &str, count: u32, node_extra: &str) -> Result<Files> {
     })
 }
 
-fn start_manager(cluster: &TestCluster, node: &str, files: &Files) -> Result<Manager> {
+fn start_manager(cluster: &TestCluster, node: &str, files: &Files) -> Result<AgentProcess> {
     start_manager_with(cluster, node, files, &[])
 }
 
@@ -118,7 +79,7 @@ fn start_manager_with(
     node: &str,
     files: &Files,
     extra: &[&str],
-) -> Result<Manager> {
+) -> Result<AgentProcess> {
     let log = files.dir.join("manager.log");
     let out = std::fs::OpenOptions::new()
         .create(true)
@@ -145,7 +106,7 @@ fn start_manager_with(
         .stderr(out)
         .spawn()
         .context("starting gpu-mig-manager")?;
-    Ok(Manager { child, log })
+    Ok(AgentProcess::new("gpu-mig-manager", child, log))
 }
 
 /// `gpu-stack mig assert` against the node's simulated GPUs: true when they match.
