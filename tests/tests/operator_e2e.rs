@@ -128,13 +128,26 @@ async fn delete_applied(client: &Client, objs: &[DynamicObject]) {
     }
 }
 
-/// Server-side applies the generated ClusterPolicy CRD.
+/// Server-side applies the generated ClusterPolicy CRD and waits until the API
+/// server serves it (before that, requests for ClusterPolicies get a bare 404).
 async fn apply_crd(crds: &Api<CustomResourceDefinition>) -> Result<()> {
     crds.patch(
         "clusterpolicies.nvidia.com",
         &PatchParams::apply("gpu-stack-e2e").force(),
         &Patch::Apply(&ClusterPolicy::crd()),
     )
+    .await?;
+    wait_for("ClusterPolicy CRD established", LONG, || async {
+        let crd = crds.get("clusterpolicies.nvidia.com").await?;
+        Ok(crd
+            .status
+            .and_then(|s| s.conditions)
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            })
+            .then_some(()))
+    })
     .await?;
     Ok(())
 }
@@ -417,18 +430,6 @@ async fn operator_binary_on_a_real_cluster() -> Result<()> {
     // CRD install (the generated one), and the chart's ServiceAccount and RBAC.
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     apply_crd(&crds).await?;
-    wait_for("ClusterPolicy CRD established", LONG, || async {
-        let crd = crds.get("clusterpolicies.nvidia.com").await?;
-        Ok(crd
-            .status
-            .and_then(|s| s.conditions)
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            })
-            .then_some(()))
-    })
-    .await?;
     force_delete_policy(&admin, "cluster-policy").await?;
     let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
     let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
