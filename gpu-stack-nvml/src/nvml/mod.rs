@@ -129,6 +129,9 @@ struct Seen {
     subscribed: bool,
 }
 
+/// A MIG device's (GPU-instance id, compute-instance id).
+type MigDeviceIds = (u32, u32);
+
 /// A [`GpuBackend`] over libnvidia-ml.
 #[derive(Clone)]
 pub struct NvmlBackend {
@@ -220,10 +223,25 @@ impl NvmlBackend {
         gpu: u32,
         dev: &Device<'_>,
     ) -> Result<HashMap<(u32, u32), String>, BackendError> {
+        let mut out = HashMap::new();
+        for (ids, mig) in self.mig_devices(gpu, dev)? {
+            let uuid = mig.uuid().map_err(|e| map_err(e, gpu, "MIG device UUID"))?;
+            out.insert(ids, uuid);
+        }
+        Ok(out)
+    }
+
+    /// The MIG device handles of a GPU with their (GI id, CI id); empty slots
+    /// in NVML's index range are skipped.
+    fn mig_devices<'n>(
+        &'n self,
+        gpu: u32,
+        dev: &Device<'n>,
+    ) -> Result<Vec<(MigDeviceIds, Device<'n>)>, BackendError> {
         let max = dev
             .mig_device_count()
             .map_err(|e| map_err(e, gpu, "MIG device count"))?;
-        let mut out = HashMap::new();
+        let mut out = Vec::new();
         for i in 0..max {
             let mig = match dev.mig_device_by_index(i) {
                 Ok(m) => m,
@@ -231,8 +249,7 @@ impl NvmlBackend {
                 Err(e) => return Err(map_err(e, gpu, "MIG device handle")),
             };
             let ids = raw::mig_device_ids(&self.nvml, Self::handle(&mig), gpu)?;
-            let uuid = mig.uuid().map_err(|e| map_err(e, gpu, "MIG device UUID"))?;
-            out.insert(ids, uuid);
+            out.push((ids, mig));
         }
         Ok(out)
     }
@@ -651,18 +668,9 @@ impl GpuBackend for NvmlBackend {
         let dev = self.device(gpu)?;
         self.require_mig_on(gpu, &dev, "MIG telemetry")?;
         let instances = self.instances(gpu, &dev)?;
-        let max = dev
-            .mig_device_count()
-            .map_err(|e| map_err(e, gpu, "MIG device count"))?;
         // Memory of a GPU instance, read through the first MIG device in it.
         let mut fb: HashMap<u32, Reading<FbMemory>> = HashMap::new();
-        for i in 0..max {
-            let mig = match dev.mig_device_by_index(i) {
-                Ok(m) => m,
-                Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
-                Err(e) => return Err(map_err(e, gpu, "MIG device handle")),
-            };
-            let (gi, _) = raw::mig_device_ids(&self.nvml, Self::handle(&mig), gpu)?;
+        for ((gi, _), mig) in self.mig_devices(gpu, &dev)? {
             if fb.contains_key(&gi) {
                 continue;
             }
@@ -708,17 +716,8 @@ impl GpuBackend for NvmlBackend {
                 .map_err(|e| map_err(e, gpu, "running compute processes"))?;
             return Ok(list.into_iter().map(|p| process(p, None)).collect());
         }
-        let max = dev
-            .mig_device_count()
-            .map_err(|e| map_err(e, gpu, "MIG device count"))?;
         let mut out = Vec::new();
-        for i in 0..max {
-            let mig = match dev.mig_device_by_index(i) {
-                Ok(m) => m,
-                Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
-                Err(e) => return Err(map_err(e, gpu, "MIG device handle")),
-            };
-            let ids = raw::mig_device_ids(&self.nvml, Self::handle(&mig), gpu)?;
+        for (ids, mig) in self.mig_devices(gpu, &dev)? {
             let list = mig
                 .running_compute_processes()
                 .map_err(|e| map_err(e, gpu, "running compute processes on a MIG device"))?;
