@@ -147,6 +147,29 @@ unsafe fn put<T>(p: *mut T, v: T) -> Result<(), Ret> {
     Ok(())
 }
 
+/// Writes instance handles into an NVML caller's array and their number into `count`.
+///
+/// # Safety
+/// `out` must have room for every handle (NVML sizes it by the profile's instance count).
+unsafe fn put_handles<T>(
+    out: *mut T,
+    count: *mut c_uint,
+    handles: impl Iterator<Item = T>,
+) -> Result<(), Ret> {
+    if out.is_null() || count.is_null() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let mut n: c_uint = 0;
+    for h in handles {
+        // SAFETY: the caller guarantees room for every handle.
+        unsafe { *out.add(n as usize) = h };
+        n += 1;
+    }
+    // SAFETY: checked non-null above; the caller passes a valid pointer.
+    unsafe { *count = n };
+    Ok(())
+}
+
 unsafe fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> Result<(), Ret> {
     if buf.is_null() {
         return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
@@ -720,18 +743,12 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
             .filter(|g| g.profile_id == profile_id)
             .map(|g| g.id)
             .collect();
-        if out.is_null() || count.is_null() {
-            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-        }
+        let handles = gis
+            .iter()
+            .map(|id| as_ptr(handle(KIND_GI, gpu, Some(*id), None)));
         // SAFETY: the caller's buffer holds the profile's instance count, which is
         // at least the number of instances of that profile.
-        unsafe {
-            for (i, id) in gis.iter().enumerate() {
-                *out.add(i) = as_ptr(handle(KIND_GI, gpu, Some(*id), None));
-            }
-            *count = gis.len() as c_uint;
-        }
-        Ok(())
+        unsafe { put_handles(out, count, handles) }
     })
 }
 
@@ -898,17 +915,11 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
             .filter(|c| c.slice_count == slices)
             .map(|c| c.id)
             .collect();
-        if out.is_null() || count.is_null() {
-            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-        }
+        let handles = cis
+            .iter()
+            .map(|ci| as_ptr(handle(KIND_CI, gpu, Some(id), Some(*ci))));
         // SAFETY: the caller's buffer holds the profile's instance count.
-        unsafe {
-            for (i, ci) in cis.iter().enumerate() {
-                *out.add(i) = as_ptr(handle(KIND_CI, gpu, Some(id), Some(*ci)));
-            }
-            *count = cis.len() as c_uint;
-        }
-        Ok(())
+        unsafe { put_handles(out, count, handles) }
     })
 }
 
