@@ -360,10 +360,14 @@ fn preflight(layout: &Layout) -> Result<()> {
         );
     }
     if layout.state.exists() {
-        eprintln!(
-            "removing leftovers of a test cluster that did not shut down cleanly: {}",
-            layout.state.display()
-        );
+        // An empty directory (e.g. one made by `mktemp -d` for us) is no leftover.
+        let empty = fs::read_dir(&layout.state).is_ok_and(|mut d| d.next().is_none());
+        if !empty {
+            eprintln!(
+                "removing leftovers of a test cluster that did not shut down cleanly: {}",
+                layout.state.display()
+            );
+        }
         fs::remove_dir_all(&layout.state)
             .with_context(|| format!("removing {}", layout.state.display()))?;
     }
