@@ -7,8 +7,8 @@
 //!   ClusterPolicy being reconciled, so deleting the policy garbage-collects
 //!   them. (Owning the Namespace would let garbage collection delete the
 //!   operator's own namespace.)
-//! - Nodes are never cached whole: [`KubeCluster::list_nodes`] reads the
-//!   controller's metadata-only store, so a Node here has metadata only.
+//! - Reads come from the watch caches ([`Caches`]), never from a list per
+//!   pass; nodes are never cached whole, so a Node here has metadata only.
 //! - Node labels are changed with a JSON merge patch of `metadata.labels`,
 //!   touching no other field and no label we did not name.
 use std::sync::{Arc, RwLock};
@@ -21,17 +21,16 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::object::{MANAGED_BY, MANAGED_BY_LABEL};
 use super::{Cluster, ClusterError, NodeEvent, Object, ObjectKey};
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
-use crate::controller::NodeStore;
+use crate::controller::watches::Caches;
 
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "gpu-stack-operator";
@@ -41,18 +40,18 @@ pub const FIELD_MANAGER: &str = "gpu-stack-operator";
 pub struct KubeCluster {
     client: Client,
     namespace: String,
-    nodes: NodeStore,
+    caches: Caches,
     owner: Arc<RwLock<Option<OwnerReference>>>,
 }
 
 impl KubeCluster {
     /// A cluster over `client`, whose operands live in `namespace`, reading
-    /// nodes from the controller's metadata store.
-    pub fn new(client: Client, namespace: impl Into<String>, nodes: NodeStore) -> Self {
+    /// from the controller's watch caches.
+    pub fn new(client: Client, namespace: impl Into<String>, caches: Caches) -> Self {
         Self {
             client,
             namespace: namespace.into(),
-            nodes,
+            caches,
             owner: Arc::new(RwLock::new(None)),
         }
     }
@@ -89,16 +88,6 @@ impl KubeCluster {
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
     {
         Api::namespaced(self.client.clone(), namespace.unwrap_or(&self.namespace))
-    }
-
-    async fn list_kind<K>(&self, api: Api<K>, params: &ListParams) -> Result<Vec<K>, ClusterError>
-    where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
-    {
-        api.list(params)
-            .await
-            .map(|l| l.items)
-            .map_err(|e| backend(&format!("list {}", K::kind(&())), e))
     }
 }
 
@@ -169,6 +158,7 @@ fn node_from_meta(meta: &PartialObjectMeta<Node>) -> Node {
 impl Cluster for KubeCluster {
     async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
         Ok(self
+            .caches
             .nodes
             .state()
             .iter()
@@ -195,74 +185,7 @@ impl Cluster for KubeCluster {
     }
 
     async fn list_owned(&self) -> Result<Vec<Object>, ClusterError> {
-        let lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-        let c = &self.client;
-        let ns = Some(self.namespace.as_str());
-        let mut out = Vec::new();
-        // Only the operand namespace is ours: a labelled namespace left by
-        // another install must never be reported as owned (and so deleted).
-        out.extend(
-            self.list_kind(Api::<Namespace>::all(c.clone()), &lp)
-                .await?
-                .into_iter()
-                .filter(|n| n.metadata.name.as_deref() == Some(self.namespace.as_str()))
-                .map(Object::Namespace),
-        );
-        out.extend(
-            self.list_kind(Api::<ClusterRole>::all(c.clone()), &lp)
-                .await?
-                .into_iter()
-                .map(Object::ClusterRole),
-        );
-        out.extend(
-            self.list_kind(Api::<ClusterRoleBinding>::all(c.clone()), &lp)
-                .await?
-                .into_iter()
-                .map(Object::ClusterRoleBinding),
-        );
-        out.extend(
-            self.list_kind(Api::<RuntimeClass>::all(c.clone()), &lp)
-                .await?
-                .into_iter()
-                .map(Object::RuntimeClass),
-        );
-        // The operand namespace may not exist yet on a first install.
-        let namespaced = async {
-            let mut v = Vec::new();
-            v.extend(
-                self.list_kind(self.api::<ServiceAccount>(ns), &lp)
-                    .await?
-                    .into_iter()
-                    .map(Object::ServiceAccount),
-            );
-            v.extend(
-                self.list_kind(self.api::<Role>(ns), &lp)
-                    .await?
-                    .into_iter()
-                    .map(Object::Role),
-            );
-            v.extend(
-                self.list_kind(self.api::<RoleBinding>(ns), &lp)
-                    .await?
-                    .into_iter()
-                    .map(Object::RoleBinding),
-            );
-            v.extend(
-                self.list_kind(self.api::<ConfigMap>(ns), &lp)
-                    .await?
-                    .into_iter()
-                    .map(Object::ConfigMap),
-            );
-            v.extend(
-                self.list_kind(self.api::<DaemonSet>(ns), &lp)
-                    .await?
-                    .into_iter()
-                    .map(Object::DaemonSet),
-            );
-            Ok::<_, ClusterError>(v)
-        };
-        out.extend(namespaced.await?);
-        Ok(out)
+        Ok(self.caches.owned.objects())
     }
 
     async fn apply(&self, obj: Object) -> Result<Object, ClusterError> {
@@ -378,12 +301,13 @@ impl Cluster for KubeCluster {
     }
 
     async fn list_cluster_policies(&self) -> Result<Vec<ClusterPolicy>, ClusterError> {
-        let api: Api<ClusterPolicy> = Api::all(self.client.clone());
-        let policies = api
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .map_err(|e| backend("list ClusterPolicies", e))?;
+        let policies: Vec<ClusterPolicy> = self
+            .caches
+            .policies
+            .state()
+            .iter()
+            .map(|p| ClusterPolicy::clone(p))
+            .collect();
         // The policy in charge owns what this pass applies.
         if let Some(active) = crate::desired::active_policy(&policies) {
             self.set_owner(active);

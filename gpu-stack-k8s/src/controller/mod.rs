@@ -6,7 +6,11 @@
 //! - ClusterPolicy changes (the controller's main watch);
 //! - node *metadata* changes that alter labels, or nodes joining and leaving
 //!   (a metadata-only watch: no Node specs or statuses are cached);
-//! - changes to the DaemonSets the operator owns in its namespace.
+//! - changes to any object the operator owns (a DaemonSet's rollout status,
+//!   an operand edited or deleted by someone else).
+//!
+//! The same watches feed the caches a pass reads ([`watches`]), so a pass
+//! issues no reads of its own. Bursts of triggers are debounced into one pass.
 //!
 //! Errors are retried with exponential backoff (100 ms doubling to 30 s, as
 //! NVIDIA's operator does up to its cap); a pass that reports operands not
@@ -16,27 +20,22 @@ pub mod events;
 pub mod operator_pass;
 pub mod ops;
 pub mod runner;
+pub mod watches;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, future};
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::core::PartialObjectMeta;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::clusterpolicy::ClusterPolicy;
 use crate::operator_metrics::{OperatorMetrics, ReconciliationStatus};
 use events::{Decision, EventPublisher};
-
-/// Node metadata the controller keeps (labels, annotations, owner data; no spec
-/// or status), shared with the reconcile pass so it never lists nodes itself.
-pub type NodeStore = Store<PartialObjectMeta<Node>>;
 
 /// What one reconcile pass reports back to the controller.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,8 +82,6 @@ pub enum ControllerError {
 /// Settings of the controller loop.
 #[derive(Clone, Debug)]
 pub struct ControllerSettings {
-    /// Namespace of the operands (and of the operator).
-    pub namespace: String,
     /// Quiet period before a burst of triggers runs one pass.
     pub debounce: Duration,
 }
@@ -130,62 +127,38 @@ impl Default for Backoff {
     }
 }
 
-/// Starts the metadata-only node watch and returns its store plus the stream
-/// that must be polled to keep it fed; every item is a node whose labels
-/// changed (or that joined or left).
-pub fn node_watch(
-    client: Client,
-) -> (
-    NodeStore,
-    impl futures::Stream<Item = PartialObjectMeta<Node>> + Send + 'static,
-) {
-    let (store, writer) = reflector::store();
-    // `Api<PartialObjectMeta<_>>` makes metadata-only list and watch requests.
-    let api: Api<PartialObjectMeta<Node>> = Api::all(client);
-    let stream = watcher(api, watcher::Config::default().any_semantic())
-        .default_backoff()
-        // managedFields are the bulk of a node's metadata and we never read them.
-        .modify(|meta: &mut PartialObjectMeta<Node>| {
-            meta.metadata.managed_fields = None;
-        })
-        .reflect(writer)
-        .touched_objects()
-        .predicate_filter(predicates::labels, Default::default())
-        .filter_map(|r| future::ready(r.ok()));
-    (store, stream)
-}
-
-/// Runs the controller until `shutdown` resolves. `pass` is the operator logic.
+/// Runs the controller until `shutdown` resolves. `make_pass` builds the
+/// operator logic over the controller's ClusterPolicy store; `triggers`
+/// (changes to nodes and owned objects) each ask for a pass.
 pub async fn run_controller<P: Pass>(
     client: Client,
     settings: ControllerSettings,
-    node_changes: impl futures::Stream<Item = PartialObjectMeta<Node>> + Send + 'static,
-    pass: P,
+    triggers: impl futures::Stream<Item = ()> + Send + 'static,
+    make_pass: impl FnOnce(Store<ClusterPolicy>) -> P,
     metrics: OperatorMetrics,
     events: EventPublisher,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), ControllerError> {
-    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    let policies: Api<ClusterPolicy> = Api::all(client);
     // Fail early with a clear message rather than a watch retrying forever.
     policies
         .list_metadata(&kube::api::ListParams::default().limit(1))
         .await
         .map_err(ControllerError::CrdMissing)?;
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client, &settings.namespace);
-    let ctx = Arc::new(Ctx {
-        pass,
-        metrics,
-        events,
-        backoff: Mutex::new(Backoff::new()),
-    });
-    Controller::new(policies, watcher::Config::default().any_semantic())
+    let controller = Controller::new(policies, watcher::Config::default().any_semantic())
         .with_config(
             ControllerConfig::default()
                 .debounce(settings.debounce)
                 .concurrency(1),
-        )
-        .owns(daemonsets, watcher::Config::default().any_semantic())
-        .reconcile_all_on(node_changes.map(|_| ()))
+        );
+    let ctx = Arc::new(Ctx {
+        pass: make_pass(controller.store()),
+        metrics,
+        events,
+        backoff: Mutex::new(Backoff::new()),
+    });
+    controller
+        .reconcile_all_on(triggers)
         .graceful_shutdown_on(shutdown)
         .run(reconcile::<P>, error_policy::<P>, ctx)
         .for_each(|result| {

@@ -16,7 +16,8 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
 use super::events::{Decision, Severity};
-use super::{NodeStore, Pass, PassReport};
+use super::watches::{CacheError, Caches};
+use super::{Pass, PassReport};
 use crate::cluster::kube_cluster::KubeCluster;
 use crate::cluster::{Cluster, ClusterError};
 use crate::clusterpolicy::{ClusterPolicy, state};
@@ -47,6 +48,9 @@ pub enum KubePassError {
         #[source]
         source: ClusterError,
     },
+    /// The watch caches are not filled yet.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
     /// Adding or removing the finalizer failed.
     #[error("cannot update finalizers of ClusterPolicy {policy}: {source}")]
     Finalizer {
@@ -61,20 +65,20 @@ pub enum KubePassError {
 /// The operator pass over a live cluster.
 pub struct OperatorPass {
     operator: Operator<KubeCluster>,
-    nodes: NodeStore,
+    caches: Caches,
     published: Mutex<BTreeSet<(String, String, String)>>,
 }
 
 impl OperatorPass {
     /// Builds the pass for operands in `namespace`.
-    pub fn new(client: kube::Client, nodes: NodeStore, namespace: &str) -> Self {
-        let cluster = KubeCluster::new(client, namespace, nodes.clone());
+    pub fn new(client: kube::Client, caches: Caches, namespace: &str) -> Self {
+        let cluster = KubeCluster::new(client, namespace, caches.clone());
         let operator = Operator::new(cluster).with_options(Options {
             namespace: namespace.to_string(),
         });
         Self {
             operator,
-            nodes,
+            caches,
             published: Mutex::new(BTreeSet::new()),
         }
     }
@@ -128,6 +132,7 @@ impl OperatorPass {
             }
         };
         let patches: Vec<(String, _)> = self
+            .caches
             .nodes
             .state()
             .iter()
@@ -282,6 +287,7 @@ impl Pass for OperatorPass {
     type Error = KubePassError;
 
     async fn run(&self, policy: Arc<ClusterPolicy>) -> Result<PassReport, KubePassError> {
+        self.caches.wait_until_synced().await?;
         if policy.meta().deletion_timestamp.is_some() {
             if policy.finalizers().iter().any(|f| f == FINALIZER) {
                 return self.cleanup(&policy).await;
@@ -303,7 +309,7 @@ impl Pass for OperatorPass {
         }
         self.cluster().set_owner(&policy);
         let report = self.operator.reconcile_once().await?;
-        let nodes = self.nodes.state();
+        let nodes = self.caches.nodes.state();
         let gpu_nodes = nodes
             .iter()
             .filter(|n| {

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use futures::StreamExt;
 use kube::Client;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -16,7 +17,8 @@ use tokio::sync::watch;
 use super::client::counting_client;
 use super::events::EventPublisher;
 use super::ops::{self, Readiness};
-use super::{ControllerError, ControllerSettings, NodeStore, Pass, node_watch, run_controller};
+use super::watches::{Caches, OwnedStores, node_watch};
+use super::{ControllerError, ControllerSettings, Pass, run_controller};
 use crate::leader::{LeaderConfig, LeaderError, Leadership};
 use crate::operator_metrics::OperatorMetrics;
 
@@ -65,8 +67,8 @@ pub enum RunError {
 }
 
 /// Runs the operator until `shutdown` resolves (then returns `Ok`) or a fatal
-/// error. `make_pass` builds the operator logic over the client and the node
-/// metadata store once this replica leads.
+/// error. `make_pass` builds the operator logic over the client and the watch
+/// caches once this replica leads.
 pub async fn run<P, F>(
     config: kube::Config,
     options: RunOptions,
@@ -75,7 +77,7 @@ pub async fn run<P, F>(
 ) -> Result<(), RunError>
 where
     P: Pass,
-    F: FnOnce(Client, NodeStore, &str) -> P,
+    F: FnOnce(Client, Caches, &str) -> P,
 {
     let metrics = OperatorMetrics::new();
     let client = counting_client(config, metrics.clone()).map_err(RunError::Client)?;
@@ -158,18 +160,26 @@ where
         }
     });
 
-    let (store, node_changes) = node_watch(client.clone());
-    let pass = make_pass(client.clone(), store, &options.namespace);
+    let (nodes, node_changes) = node_watch(client.clone());
+    let (owned, owned_changes) = OwnedStores::start(&client, &options.namespace);
+    let triggers = futures::stream::select(node_changes.map(|_| ()), owned_changes);
     let events = EventPublisher::new(client.clone(), options.identity.clone());
     let settings = ControllerSettings {
-        namespace: options.namespace.clone(),
         debounce: options.debounce,
     };
+    let pass_client = client.clone();
     let result = run_controller(
         client,
         settings,
-        node_changes,
-        pass,
+        triggers,
+        |policies| {
+            let caches = Caches {
+                nodes,
+                policies,
+                owned,
+            };
+            make_pass(pass_client, caches, &options.namespace)
+        },
         metrics.clone(),
         events,
         controller_stop,
