@@ -35,6 +35,9 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const CLIENT_QPS: &str = "200";
 const CLIENT_BURST: &str = "400";
 
+/// How long a node may miss heartbeats before it is marked Unknown.
+const NODE_MONITOR_GRACE: &str = "10m";
+
 struct Component {
     name: &'static str,
     child: Child,
@@ -159,6 +162,11 @@ impl Cluster {
                 pki.join("sa.key").display()
             ),
             "--use-service-account-credentials=false".into(),
+            // kwok renews a thousand node leases from one process; on a busy
+            // 2-core machine renewals lag past the 50 s default, the node
+            // goes Unknown and its pods lose Ready for good (kwok sets it
+            // once). Real kubelets heartbeat on their own machines.
+            format!("--node-monitor-grace-period={NODE_MONITOR_GRACE}"),
         ]);
         self.spawn("kube-controller-manager", &kcm)?;
         self.spawn("kube-scheduler", &common(p.scheduler))?;
