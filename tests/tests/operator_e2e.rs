@@ -825,6 +825,36 @@ async fn metric_sum(replica: &Replica, name: &str) -> f64 {
         .sum()
 }
 
+/// The number of DaemonSets `spec` deploys to `fleet`, as the operator
+/// renders them.
+fn operand_daemonsets(spec: &serde_json::Value, fleet: &GpuFleet) -> Result<usize> {
+    let policy: ClusterPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy"},
+        "spec": spec,
+    }))?;
+    let want = gpu_stack_k8s::desired::desired_state(
+        &policy,
+        &fleet.nodes()?,
+        &[],
+        &gpu_stack_k8s::desired::Options::default(),
+    );
+    Ok(want
+        .objects
+        .iter()
+        .filter(|o| o.as_daemonset().is_some())
+        .count())
+}
+
+/// Whether a DaemonSet reports a ready pod on each of `count` nodes.
+fn ready_on(ds: &DaemonSet, count: usize) -> bool {
+    ds.status.as_ref().is_some_and(|s| {
+        usize::try_from(s.number_ready).is_ok_and(|n| n >= count)
+            && s.desired_number_scheduled == s.number_ready
+    })
+}
+
 /// 1,000-node benchmark (run by `scripts/bench-operator.sh`, not by default):
 /// the control-plane floor (a plain DaemonSet to every node) against the
 /// operator (ClusterPolicy creation to status ready with every device-plugin
@@ -866,38 +896,55 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         t.elapsed().as_secs_f64()
     );
 
-    // Floor: a plain DaemonSet selecting the same nodes, in the same run.
+    // Floor, in the same run: as many plain DaemonSets as the policy deploys,
+    // selecting the same nodes, timed to the same end (every DaemonSet
+    // reporting a ready pod on every node).
+    let spec = serde_json::json!({"driver": {"enabled": true}});
+    let operands = operand_daemonsets(&spec, &GpuFleet::new(format!("{prefix}-n"), count))?;
     let floor_ns = cluster.create_namespace("gpu-floor").await?;
-    let ds: DaemonSet = serde_json::from_value(serde_json::json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "floor"},
-        "spec": {
-            "selector": {"matchLabels": {"app": "floor"}},
-            "template": {
-                "metadata": {"labels": {"app": "floor"}},
-                "spec": {
-                    "nodeSelector": {NFD_NVIDIA_PCI_LABEL: "true"},
-                    "containers": [{"name": "c", "image": "floor:1"}]
+    let floor_api = Api::<DaemonSet>::namespaced(admin.clone(), &floor_ns);
+    let t = std::time::Instant::now();
+    for i in 0..operands {
+        let app = format!("floor-{i}");
+        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": app},
+            "spec": {
+                "selector": {"matchLabels": {"app": app}},
+                "template": {
+                    "metadata": {"labels": {"app": app}},
+                    "spec": {
+                        "nodeSelector": {NFD_NVIDIA_PCI_LABEL: "true"},
+                        "containers": [{"name": "c", "image": "floor:1"}]
+                    }
                 }
             }
-        }
-    }))?;
-    let t = std::time::Instant::now();
-    Api::<DaemonSet>::namespaced(admin.clone(), &floor_ns)
-        .create(&PostParams::default(), &ds)
-        .await?;
+        }))?;
+        floor_api.create(&PostParams::default(), &ds).await?;
+    }
     wait_for(
-        "floor DaemonSet on every node",
+        "floor DaemonSets ready on every node",
         Duration::from_secs(900),
         || async {
-            let r = nodes_running(&admin, &floor_ns, "floor", &prefix).await?;
-            Ok((r.len() >= count).then_some(()))
+            let all = daemonsets(&admin, &floor_ns).await?;
+            Ok((all.len() == operands && all.iter().all(|d| ready_on(d, count))).then_some(()))
         },
     )
     .await?;
     let floor = t.elapsed().as_secs_f64();
-    println!("bench: control-plane floor (plain DaemonSet Running on {count} nodes): {floor:.1}s");
+    println!(
+        "bench: control-plane floor ({operands} plain DaemonSets ready on {count} nodes): {floor:.1}s"
+    );
     cluster.delete_namespace(&floor_ns).await?;
+    // The floor's pods must be gone before the operator is timed.
+    wait_for("floor namespace deleted", Duration::from_secs(900), || async {
+        let gone = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+            .get_opt(&floor_ns)
+            .await?
+            .is_none();
+        Ok(gone.then_some(()))
+    })
+    .await?;
 
     let op = Replica::start(&bin, &kubeconfig, &namespace, "bench", free_port()?)?;
     wait_for("operator leads", LONG, || async {
@@ -905,12 +952,7 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     })
     .await?;
     let t = std::time::Instant::now();
-    apply_policy(
-        &admin,
-        "cluster-policy",
-        serde_json::json!({"driver": {"enabled": true}}),
-    )
-    .await?;
+    apply_policy(&admin, "cluster-policy", spec).await?;
     wait_for("ClusterPolicy ready", Duration::from_secs(900), || async {
         Ok(policy_state(&admin, "cluster-policy")
             .await?
