@@ -156,14 +156,11 @@ fn node_from_meta(meta: &PartialObjectMeta<Node>) -> Node {
 }
 
 impl Cluster for KubeCluster {
-    async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
-        Ok(self
-            .caches
-            .nodes
-            .state()
-            .iter()
-            .map(|m| node_from_meta(m))
-            .collect())
+    /// Shared with the watch cache: a pass copies no node.
+    type Node = Arc<PartialObjectMeta<Node>>;
+
+    async fn list_nodes(&self) -> Result<Vec<Self::Node>, ClusterError> {
+        Ok(self.caches.nodes.state())
     }
 
     fn watch_nodes(&self) -> BoxStream<'static, NodeEvent> {

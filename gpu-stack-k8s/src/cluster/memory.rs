@@ -338,6 +338,8 @@ impl InMemoryCluster {
 }
 
 impl Cluster for InMemoryCluster {
+    type Node = Node;
+
     async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
         Ok(self.nodes())
     }

@@ -14,6 +14,7 @@ use gpu_stack_core::operator::labels::LabelPatch;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
+use crate::desired::NodeMeta;
 
 pub mod fleet;
 pub mod kube_cluster;
@@ -70,8 +71,12 @@ pub enum NodeEvent {
 
 /// What the operator needs from a cluster.
 pub trait Cluster: Send + Sync {
+    /// A node as [`Cluster::list_nodes`] returns it: a whole [`Node`], or
+    /// only its metadata where the cluster keeps no more.
+    type Node: NodeMeta + Send + Sync;
+
     /// All nodes.
-    fn list_nodes(&self) -> impl Future<Output = Result<Vec<Node>, ClusterError>> + Send;
+    fn list_nodes(&self) -> impl Future<Output = Result<Vec<Self::Node>, ClusterError>> + Send;
 
     /// A stream of node changes from now on. Consumers re-list after the
     /// stream ends (as after a watch expiry).

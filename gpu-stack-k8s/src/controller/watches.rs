@@ -35,6 +35,9 @@ pub type NodeStore = Store<PartialObjectMeta<Node>>;
 /// short enough that a missing RBAC rule surfaces as an error.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Nodes per page of the node watch's list.
+pub const NODE_LIST_PAGE: u32 = 100;
+
 /// Starts the metadata-only node watch and returns its store plus the stream
 /// that must be polled to keep it fed; every item is a node whose labels
 /// changed (or that joined or left).
@@ -47,7 +50,11 @@ pub fn node_watch(
     let (store, writer) = reflector::store();
     // `Api<PartialObjectMeta<_>>` makes metadata-only list and watch requests.
     let api: Api<PartialObjectMeta<Node>> = Api::all(client);
-    let stream = watcher(api, watcher::Config::default().any_semantic())
+    // Small pages from a consistent list: a cached (`any`) list ignores the
+    // page size, and a whole large cluster in one response is the operator's
+    // peak memory.
+    let config = watcher::Config::default().page_size(NODE_LIST_PAGE);
+    let stream = watcher(api, config)
         .default_backoff()
         // Only labels are read; the rest of a node's metadata (managed fields
         // above all) would be most of what a 1,000-node store holds.

@@ -17,6 +17,7 @@ use gpu_stack_core::operator::labels::{
     NFD_OS_VERSION_MAJOR, NodeFacts, apply_patch, deploy_label_patch,
 };
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
 use crate::cluster::object::{HASH_ANNOTATION, Object, ObjectKey};
@@ -200,8 +201,35 @@ pub fn gpus_on_node(labels: &Labels) -> Vec<GpuIdentity> {
     out
 }
 
-fn node_name(n: &Node) -> String {
-    n.metadata.name.clone().unwrap_or_default()
+fn node_name(n: &impl NodeMeta) -> String {
+    n.node_metadata().name.clone().unwrap_or_default()
+}
+
+/// A node as the desired state reads it: metadata only (name and labels).
+/// Implemented for whole Nodes and for the metadata-only nodes of a watch
+/// cache, shared or not, so a large cluster's nodes need not be copied for a
+/// pass.
+pub trait NodeMeta {
+    /// The node's metadata.
+    fn node_metadata(&self) -> &ObjectMeta;
+}
+
+impl NodeMeta for Node {
+    fn node_metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+}
+
+impl NodeMeta for kube::core::PartialObjectMeta<Node> {
+    fn node_metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+}
+
+impl<T: NodeMeta> NodeMeta for std::sync::Arc<T> {
+    fn node_metadata(&self) -> &ObjectMeta {
+        T::node_metadata(self)
+    }
 }
 
 /// Readiness of a DaemonSet status, as the NVIDIA operator judges it.
@@ -235,7 +263,7 @@ fn summarize(names: &[String], max: usize) -> String {
 /// Computes the desired state. Pure: the same inputs always give the same answer.
 pub fn desired_state(
     policy: &ClusterPolicy,
-    nodes: &[Node],
+    nodes: &[impl NodeMeta],
     current: &[Object],
     opts: &Options,
 ) -> Desired {
@@ -286,7 +314,7 @@ pub fn desired_state(
     // Borrow each node's labels; copy only the ones that change.
     let mut effective: Vec<(String, Cow<'_, Labels>)> = Vec::with_capacity(nodes.len());
     for n in nodes {
-        let current_labels = n.metadata.labels.as_ref().unwrap_or(&empty);
+        let current_labels = n.node_metadata().labels.as_ref().unwrap_or(&empty);
         let patch = deploy_label_patch(current_labels, &label_policy);
         let labels = if patch.is_empty() {
             Cow::Borrowed(current_labels)
