@@ -36,11 +36,26 @@ pub fn run_main<F>(work: F) -> ExitCode
 where
     F: Future<Output = Result<()>>,
 {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(2);
+    run_on(builder, work)
+}
+
+/// Like [`run_main`], on one thread: for agents that mostly wait on the API
+/// server, where every extra thread is memory (a stack and a malloc arena)
+/// and buys nothing.
+pub fn run_main_single_threaded<F>(work: F) -> ExitCode
+where
+    F: Future<Output = Result<()>>,
+{
+    run_on(tokio::runtime::Builder::new_current_thread(), work)
+}
+
+fn run_on<F>(mut builder: tokio::runtime::Builder, work: F) -> ExitCode
+where
+    F: Future<Output = Result<()>>,
+{
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(err) => {
             tracing::error!(%err, "cannot start the async runtime");

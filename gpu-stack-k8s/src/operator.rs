@@ -41,6 +41,9 @@ pub enum OperatorError {
 /// Node label patches sent at once by a reconcile pass.
 pub const NODE_PATCHES_IN_FLIGHT: usize = 16;
 
+/// Node label patches prepared at a time.
+const NODE_PATCH_BATCH: usize = 128;
+
 fn during(what: impl Into<String>) -> impl FnOnce(ClusterError) -> OperatorError {
     let during = what.into();
     move |source| OperatorError::Cluster { during, source }
@@ -160,22 +163,30 @@ impl<C: Cluster> Operator<C> {
 
         // Label patches are independent per node; a bounded number in flight
         // keeps the first pass over a large fleet short without a request storm.
-        // (Futures built in a loop rather than a closure keep the pass Send.)
-        let mut patches = Vec::with_capacity(want.node_labels.len());
-        for (node, patch) in &want.node_labels {
-            let labelled = during(format!("labelling node {node}"));
-            let cluster = &self.cluster;
-            patches.push(async move {
-                cluster
-                    .patch_node_labels(node, patch)
-                    .await
-                    .map_err(labelled)
-            });
+        // Futures are built a batch at a time (a thousand at once were a
+        // noticeable share of the operator's memory), in a loop rather than
+        // a closure, which keeps the pass Send.
+        let labels: Vec<(&String, &LabelPatch)> = want.node_labels.iter().collect();
+        for batch in labels.chunks(NODE_PATCH_BATCH) {
+            let mut patches = Vec::with_capacity(batch.len());
+            for &(node, patch) in batch {
+                let labelled = during(format!("labelling node {node}"));
+                let cluster = &self.cluster;
+                patches.push(async move {
+                    // The updated node is dropped at once: holding every
+                    // response (managed fields and all) was the pass's peak.
+                    cluster
+                        .patch_node_labels(node, patch)
+                        .await
+                        .map(drop)
+                        .map_err(labelled)
+                });
+            }
+            futures::stream::iter(patches)
+                .buffer_unordered(NODE_PATCHES_IN_FLIGHT)
+                .try_collect::<Vec<_>>()
+                .await?;
         }
-        futures::stream::iter(patches)
-            .buffer_unordered(NODE_PATCHES_IN_FLIGHT)
-            .try_collect::<Vec<_>>()
-            .await?;
         report.labelled = want.node_labels.clone();
         for obj in &want.apply {
             let key = obj.key();

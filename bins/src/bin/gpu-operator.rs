@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use gpu_stack_bins::agent::{LogFormat, init_logging, kube_config, run_main, shutdown_signal};
+use gpu_stack_bins::agent::{
+    LogFormat, init_logging, kube_config, run_main_single_threaded, shutdown_signal,
+};
 use gpu_stack_k8s::controller::operator_pass::OperatorPass;
 use gpu_stack_k8s::controller::runner::{RunOptions, run};
 use gpu_stack_k8s::leader::LeaderConfig;
@@ -52,7 +54,7 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(args.log_format);
-    run_main(operate(args))
+    run_main_single_threaded(operate(args))
 }
 
 async fn operate(args: Args) -> Result<()> {
