@@ -11,9 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-nice cargo build --release -p gpu-stack-bins --bin gpu-operator
+# The profile the operator image is built with (Cargo.toml, release-small).
+nice cargo build --profile release-small -p gpu-stack-bins --bin gpu-operator
 # Absolute: the test process runs from its own package directory.
-export GPU_STACK_OPERATOR_BIN="$(realpath "${CARGO_TARGET_DIR:-target}")/release/gpu-operator"
+export GPU_STACK_OPERATOR_BIN="$(realpath "${CARGO_TARGET_DIR:-target}")/release-small/gpu-operator"
 
 own_cluster=0
 if [ -z "${GPU_STACK_E2E_KUBECONFIG:-}" ]; then

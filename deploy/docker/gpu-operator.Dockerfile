@@ -12,9 +12,9 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --target x86_64-unknown-linux-musl \
+    cargo build --profile release-small --locked --target x86_64-unknown-linux-musl \
       -p gpu-stack-bins --bin gpu-operator \
- && cp target/x86_64-unknown-linux-musl/release/gpu-operator /gpu-operator
+ && cp target/x86_64-unknown-linux-musl/release-small/gpu-operator /gpu-operator
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /gpu-operator /usr/bin/gpu-operator
