@@ -232,8 +232,14 @@ impl<T: NodeMeta> NodeMeta for std::sync::Arc<T> {
     }
 }
 
-/// Readiness of a DaemonSet status, as the NVIDIA operator judges it.
-fn daemonset_ready(obj: &Object) -> bool {
+/// Readiness of a DaemonSet status, as the NVIDIA operator judges it, but
+/// never on a status that predates the nodes the DaemonSet selects.
+///
+/// `selected` is how many nodes match the DaemonSet's node selector. A
+/// DaemonSet that reports no pods wanted is ready only if no node is
+/// selected: right after it is created, or after the labels its selector
+/// reads were set, its status says 0 of 0 until its controller catches up.
+fn daemonset_ready(obj: &Object, selected: usize) -> bool {
     let Some(ds) = obj.as_daemonset() else {
         return true;
     };
@@ -242,7 +248,7 @@ fn daemonset_ready(obj: &Object) -> bool {
     };
     let desired = st.desired_number_scheduled;
     if desired == 0 {
-        return true;
+        return selected == 0;
     }
     if st.number_unavailable.unwrap_or(0) != 0 {
         return false;
@@ -250,6 +256,22 @@ fn daemonset_ready(obj: &Object) -> bool {
     st.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0)
         && st.updated_number_scheduled.unwrap_or(0) == desired
         && st.number_available.unwrap_or(0) == desired
+}
+
+/// How many of `nodes` (name, labels) a DaemonSet's node selector matches.
+fn selected_nodes(obj: &Object, nodes: &[(String, Cow<'_, Labels>)]) -> usize {
+    let selector = obj
+        .as_daemonset()
+        .and_then(|d| d.spec.as_ref())
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.node_selector.as_ref());
+    let Some(selector) = selector else {
+        return nodes.len();
+    };
+    nodes
+        .iter()
+        .filter(|(_, labels)| selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
+        .count()
 }
 
 fn summarize(names: &[String], max: usize) -> String {
@@ -399,7 +421,7 @@ pub fn desired_state(
         match current_by_key.get(&key) {
             Some(cur) if cur.spec_hash() == Some(hash.as_str()) => {
                 unchanged += 1;
-                if !daemonset_ready(cur) {
+                if !daemonset_ready(cur, selected_nodes(obj, &effective)) {
                     not_ready.push(key.name.clone());
                 }
             }
