@@ -16,6 +16,7 @@ use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::{
     GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, unique_suffix, wait_for,
 };
+use gpu_stack_k8s::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
 use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -252,20 +253,29 @@ impl Drop for Replica {
 }
 
 /// Reads one metric value from a replica (plain HTTP over loopback).
-async fn metric(replica: &Replica, name: &str) -> Option<f64> {
-    let url = replica.metrics.trim_start_matches("http://");
-    let (addr, path) = url.split_once('/')?;
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+/// The replica's `/metrics` page (empty if it cannot be read).
+async fn metrics_page(replica: &Replica) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream
-        .write_all(
-            format!("GET /{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .ok()?;
+    let url = replica.metrics.trim_start_matches("http://");
+    let Some((addr, path)) = url.split_once('/') else {
+        return String::new();
+    };
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let req = format!("GET /{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    if stream.write_all(req.as_bytes()).await.is_err() {
+        return String::new();
+    }
     let mut body = String::new();
-    stream.read_to_string(&mut body).await.ok()?;
-    body.lines()
+    let _ = stream.read_to_string(&mut body).await;
+    body
+}
+
+async fn metric(replica: &Replica, name: &str) -> Option<f64> {
+    metrics_page(replica)
+        .await
+        .lines()
         .find(|l| l.starts_with(&format!("{name} ")))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
@@ -541,6 +551,24 @@ async fn scenarios(
         );
     }
 
+    // An owned object deleted by someone else → recreated (the operator
+    // watches every kind it owns, not only DaemonSets).
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+    let owned_sa = accounts
+        .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")))
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow!("the operator created no ServiceAccount"))?;
+    let (sa_name, sa_uid) = (owned_sa.name_any(), owned_sa.uid());
+    accounts.delete(&sa_name, &DeleteParams::default()).await?;
+    wait_for("deleted ServiceAccount recreated", LONG, || async {
+        let again = accounts.get_opt(&sa_name).await?;
+        Ok(again.filter(|sa| sa.uid() != sa_uid).map(|_| ()))
+    })
+    .await?;
+
     // A node joins → labelled and served.
     let joined = cluster
         .create_gpu_nodes(&GpuFleet::new(format!("{prefix}-gpu-late"), 1))
@@ -805,23 +833,47 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
 
 /// Sum of every sample of `name` (all label sets) from a replica's /metrics.
 async fn metric_sum(replica: &Replica, name: &str) -> f64 {
-    let url = replica.metrics.trim_start_matches("http://");
-    let Some((addr, path)) = url.split_once('/') else {
-        return 0.0;
-    };
-    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-        return 0.0;
-    };
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let req = format!("GET /{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    if stream.write_all(req.as_bytes()).await.is_err() {
-        return 0.0;
-    }
-    let mut body = String::new();
-    let _ = stream.read_to_string(&mut body).await;
-    body.lines()
+    metrics_page(replica)
+        .await
+        .lines()
         .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Write requests the replica issued, by resource.
+async fn writes_by_resource(replica: &Replica) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in metrics_page(replica).await.lines() {
+        let Some(labels) = line.strip_prefix("gpu_stack_operator_api_requests_total{") else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
+                .and_then(|v| v.split('"').next())
+                .map(str::to_string)
+        };
+        let write = matches!(
+            label("verb").as_deref(),
+            Some("create" | "patch" | "update" | "delete")
+        );
+        let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let (true, Some(resource), Some(value)) = (write, label("resource"), value) {
+            *out.entry(resource).or_default() += value;
+        }
+    }
+    out
+}
+
+/// Writes a reconcile made: every write except the leader's lease renewals,
+/// which are the election's heartbeat and go on whether or not anything changes.
+fn reconcile_writes(by_resource: &BTreeMap<String, f64>) -> f64 {
+    by_resource
+        .iter()
+        .filter(|(resource, _)| resource.as_str() != "leases")
+        .map(|(_, n)| n)
         .sum()
 }
 
@@ -937,13 +989,17 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     );
     cluster.delete_namespace(&floor_ns).await?;
     // The floor's pods must be gone before the operator is timed.
-    wait_for("floor namespace deleted", Duration::from_secs(900), || async {
-        let gone = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
-            .get_opt(&floor_ns)
-            .await?
-            .is_none();
-        Ok(gone.then_some(()))
-    })
+    wait_for(
+        "floor namespace deleted",
+        Duration::from_secs(900),
+        || async {
+            let gone = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+                .get_opt(&floor_ns)
+                .await?
+                .is_none();
+            Ok(gone.then_some(()))
+        },
+    )
     .await?;
 
     let op = Replica::start(&bin, &kubeconfig, &namespace, "bench", free_port()?)?;
@@ -978,14 +1034,17 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         pods - floor
     );
     let requests = metric_sum(&op, "gpu_stack_operator_api_requests_total").await;
-    let writes = metric_sum(&op, "gpu_stack_operator_api_writes_total").await;
-    println!("bench: operator API requests to converge: {requests} ({writes} writes)");
+    let writes = writes_by_resource(&op).await;
+    let passes = metric_sum(&op, "gpu_operator_reconciliation_total").await;
+    println!(
+        "bench: operator API requests to converge: {requests} in {passes} passes; writes by resource: {writes:?}"
+    );
 
-    // Resync with nothing to change: an unrelated label on one node and an
-    // annotation on the policy both trigger a pass; neither may cause a write.
+    // Resync with nothing to change: an unrelated label on one node triggers
+    // a pass, which may not write anything.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let passes_before = metric_sum(&op, "gpu_operator_reconciliation_total").await;
-    let writes_before = metric_sum(&op, "gpu_stack_operator_api_writes_total").await;
+    let writes_before = reconcile_writes(&writes_by_resource(&op).await);
     Api::<Node>::all(admin.clone())
         .patch(
             &names[0],
@@ -1001,8 +1060,7 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     })
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let resync_writes =
-        metric_sum(&op, "gpu_stack_operator_api_writes_total").await - writes_before;
+    let resync_writes = reconcile_writes(&writes_by_resource(&op).await) - writes_before;
     let rss = peak_rss_kib(op.child.id()).unwrap_or(0);
     println!("bench: writes on a resync with nothing to change: {resync_writes}");
     println!("bench: operator peak RSS: {:.1} MiB", rss as f64 / 1024.0);
