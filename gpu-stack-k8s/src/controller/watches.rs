@@ -106,21 +106,20 @@ impl OwnedStores {
     pub fn start(client: &Client, namespace: &str) -> (Self, BoxStream<'static, ()>) {
         let owned = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
         let config = || watcher::Config::default().labels(&owned).any_semantic();
-        let c = client;
         let mut t = Vec::new();
         // Only the operand namespace is ours: a labelled namespace left by
         // another install must never be reported as owned (and so deleted).
         let only_ours = config().fields(&format!("metadata.name={namespace}"));
         let stores = Self {
-            namespace: watch(Api::all(c.clone()), only_ours, &mut t),
-            cluster_roles: watch(Api::all(c.clone()), config(), &mut t),
-            cluster_role_bindings: watch(Api::all(c.clone()), config(), &mut t),
-            runtime_classes: watch(Api::all(c.clone()), config(), &mut t),
-            service_accounts: watch(Api::namespaced(c.clone(), namespace), config(), &mut t),
-            roles: watch(Api::namespaced(c.clone(), namespace), config(), &mut t),
-            role_bindings: watch(Api::namespaced(c.clone(), namespace), config(), &mut t),
-            config_maps: watch(Api::namespaced(c.clone(), namespace), config(), &mut t),
-            daemonsets: watch(Api::namespaced(c.clone(), namespace), config(), &mut t),
+            namespace: watch(Api::all(client.clone()), only_ours, &mut t),
+            cluster_roles: watch(Api::all(client.clone()), config(), &mut t),
+            cluster_role_bindings: watch(Api::all(client.clone()), config(), &mut t),
+            runtime_classes: watch(Api::all(client.clone()), config(), &mut t),
+            service_accounts: watch(Api::namespaced(client.clone(), namespace), config(), &mut t),
+            roles: watch(Api::namespaced(client.clone(), namespace), config(), &mut t),
+            role_bindings: watch(Api::namespaced(client.clone(), namespace), config(), &mut t),
+            config_maps: watch(Api::namespaced(client.clone(), namespace), config(), &mut t),
+            daemonsets: watch(Api::namespaced(client.clone(), namespace), config(), &mut t),
         };
         (stores, futures::stream::select_all(t).boxed())
     }
