@@ -89,7 +89,10 @@ async fn run() {
         kubelet_dir: dir.path().to_path_buf(),
         register: true,
         health: HealthPolicy {
-            recovery_quiet_ms: 0,
+            // Long enough that an Unhealthy state outlives a busy kubelet's
+            // next ListAndWatch read (with 0 it could recover unseen), short
+            // enough that each GPU is healthy again when its turn comes.
+            recovery_quiet_ms: 500,
             ..HealthPolicy::default()
         },
         probe_interval: Duration::from_millis(50),
