@@ -907,6 +907,59 @@ fn ready_on(ds: &DaemonSet, count: usize) -> bool {
     })
 }
 
+/// Control-plane floor for the operator benchmark: `operands` plain
+/// DaemonSets selecting the GPU nodes, timed from creation until every one
+/// reports a ready pod on each of `count` nodes; the namespace is deleted and
+/// its pods gone before this returns.
+async fn floor(cluster: &TestCluster, operands: usize, count: usize) -> Result<f64> {
+    let floor_ns = cluster.create_namespace("gpu-floor").await?;
+    let floor_api = Api::<DaemonSet>::namespaced(cluster.client(), &floor_ns);
+    let t = std::time::Instant::now();
+    for i in 0..operands {
+        let app = format!("floor-{i}");
+        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": app},
+            "spec": {
+                "selector": {"matchLabels": {"app": app}},
+                "template": {
+                    "metadata": {"labels": {"app": app}},
+                    "spec": {
+                        "nodeSelector": {NFD_NVIDIA_PCI_LABEL: "true"},
+                        "containers": [{"name": "c", "image": "floor:1"}]
+                    }
+                }
+            }
+        }))?;
+        floor_api.create(&PostParams::default(), &ds).await?;
+    }
+    wait_for(
+        "floor DaemonSets ready on every node",
+        Duration::from_secs(900),
+        || async {
+            let all = daemonsets(&cluster.client(), &floor_ns).await?;
+            Ok((all.len() == operands && all.iter().all(|d| ready_on(d, count))).then_some(()))
+        },
+    )
+    .await?;
+    let floor = t.elapsed().as_secs_f64();
+    cluster.delete_namespace(&floor_ns).await?;
+    // The floor's pods must be gone before the next measurement.
+    wait_for(
+        "floor namespace deleted",
+        Duration::from_secs(900),
+        || async {
+            let gone = Api::<k8s_openapi::api::core::v1::Namespace>::all(cluster.client())
+                .get_opt(&floor_ns)
+                .await?
+                .is_none();
+            Ok(gone.then_some(()))
+        },
+    )
+    .await?;
+    Ok(floor)
+}
+
 /// 1,000-node benchmark (run by `scripts/bench-operator.sh`, not by default):
 /// the control-plane floor (a plain DaemonSet to every node) against the
 /// operator (ClusterPolicy creation to status ready with every device-plugin
@@ -953,54 +1006,10 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     // reporting a ready pod on every node).
     let spec = serde_json::json!({"driver": {"enabled": true}});
     let operands = operand_daemonsets(&spec, &GpuFleet::new(format!("{prefix}-n"), count))?;
-    let floor_ns = cluster.create_namespace("gpu-floor").await?;
-    let floor_api = Api::<DaemonSet>::namespaced(admin.clone(), &floor_ns);
-    let t = std::time::Instant::now();
-    for i in 0..operands {
-        let app = format!("floor-{i}");
-        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": app},
-            "spec": {
-                "selector": {"matchLabels": {"app": app}},
-                "template": {
-                    "metadata": {"labels": {"app": app}},
-                    "spec": {
-                        "nodeSelector": {NFD_NVIDIA_PCI_LABEL: "true"},
-                        "containers": [{"name": "c", "image": "floor:1"}]
-                    }
-                }
-            }
-        }))?;
-        floor_api.create(&PostParams::default(), &ds).await?;
-    }
-    wait_for(
-        "floor DaemonSets ready on every node",
-        Duration::from_secs(900),
-        || async {
-            let all = daemonsets(&admin, &floor_ns).await?;
-            Ok((all.len() == operands && all.iter().all(|d| ready_on(d, count))).then_some(()))
-        },
-    )
-    .await?;
-    let floor = t.elapsed().as_secs_f64();
+    let floor_before = floor(&cluster, operands, count).await?;
     println!(
-        "bench: control-plane floor ({operands} plain DaemonSets ready on {count} nodes): {floor:.1}s"
+        "bench: control-plane floor ({operands} plain DaemonSets ready on {count} nodes): {floor_before:.1}s"
     );
-    cluster.delete_namespace(&floor_ns).await?;
-    // The floor's pods must be gone before the operator is timed.
-    wait_for(
-        "floor namespace deleted",
-        Duration::from_secs(900),
-        || async {
-            let gone = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
-                .get_opt(&floor_ns)
-                .await?
-                .is_none();
-            Ok(gone.then_some(()))
-        },
-    )
-    .await?;
 
     let op = Replica::start(&bin, &kubeconfig, &namespace, "bench", free_port()?)?;
     wait_for("operator leads", LONG, || async {
@@ -1030,8 +1039,8 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     .await?;
     let pods = t.elapsed().as_secs_f64();
     println!(
-        "bench: operator ClusterPolicy -> status ready: {ready:.1}s; -> device-plugin Running on {count} nodes: {pods:.1}s (floor {floor:.1}s, difference {:.1}s)",
-        pods - floor
+        "bench: operator ClusterPolicy -> status ready: {ready:.1}s ({:+.1}s vs the floor before); -> device-plugin Running on {count} nodes: {pods:.1}s",
+        ready - floor_before
     );
     let requests = metric_sum(&op, "gpu_stack_operator_api_requests_total").await;
     let writes = writes_by_resource(&op).await;
@@ -1065,8 +1074,24 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     println!("bench: writes on a resync with nothing to change: {resync_writes}");
     println!("bench: operator peak RSS: {:.1} MiB", rss as f64 / 1024.0);
 
+    // The floor again, after the operator's pods are gone: run-to-run spread
+    // of the control plane is seconds, so the operator is compared with both.
     force_delete_policy(&admin, "cluster-policy").await?;
     drop(op);
+    wait_for("operand pods gone", Duration::from_secs(900), || async {
+        let left = Api::<Pod>::namespaced(admin.clone(), &namespace)
+            .list_metadata(&ListParams::default().limit(1))
+            .await?;
+        Ok(left.items.is_empty().then_some(()))
+    })
+    .await?;
+    let floor_after = floor(&cluster, operands, count).await?;
+    let mean = (floor_before + floor_after) / 2.0;
+    println!(
+        "bench: control-plane floor again: {floor_after:.1}s; operator ready vs mean floor {mean:.1}s: {:+.1}s",
+        ready - mean
+    );
+
     cluster.delete_nodes(&names).await?;
     delete_applied(&admin, &rbac).await;
     let _ = cluster.delete_namespace(&namespace).await;
