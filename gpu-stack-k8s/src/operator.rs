@@ -2,9 +2,8 @@
 //!
 //! One pass: pick the ClusterPolicy in charge (oldest wins; the others are
 //! marked `ignored`), compute the desired state from the policy, the nodes
-//! and the owned objects, then act: objects in dependency order, then node
-//! labels (each node's DaemonSet pods start as its labels land), stale
-//! objects deleted, status last.
+//! and the owned objects, then act: node labels first (so DaemonSet selectors
+//! match), objects in dependency order, stale objects deleted, status last.
 //! Passes are idempotent: a pass over a converged cluster writes nothing.
 use std::collections::BTreeMap;
 
@@ -162,16 +161,6 @@ impl<C: Cluster> Operator<C> {
             .map_err(during("listing owned objects"))?;
         let want = desired::desired_state(&active, &nodes, &owned, &self.options);
 
-        // Objects before node labels: each node's operands start as soon as
-        // its labels land, instead of after the last of a large fleet's.
-        for obj in &want.apply {
-            let key = obj.key();
-            self.cluster
-                .apply(obj.clone())
-                .await
-                .map_err(during(format!("applying {key}")))?;
-            report.applied.push(key);
-        }
         // Label patches are independent per node; a bounded number in flight
         // keeps the first pass over a large fleet short without a request storm.
         // Futures are built a batch at a time (a thousand at once were a
@@ -199,6 +188,14 @@ impl<C: Cluster> Operator<C> {
                 .await?;
         }
         report.labelled = want.node_labels.clone();
+        for obj in &want.apply {
+            let key = obj.key();
+            self.cluster
+                .apply(obj.clone())
+                .await
+                .map_err(during(format!("applying {key}")))?;
+            report.applied.push(key);
+        }
         for key in &want.delete {
             self.cluster
                 .delete(key)
