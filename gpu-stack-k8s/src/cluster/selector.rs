@@ -31,10 +31,6 @@ fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bo
     }
 }
 
-fn node_labels(node: &Node) -> BTreeMap<String, String> {
-    node.metadata.labels.clone().unwrap_or_default()
-}
-
 /// Whether a toleration tolerates a taint.
 pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
     if let Some(effect) = t.effect.as_deref()
@@ -56,13 +52,21 @@ pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
 /// Whether a pod with this spec would be placed on the node by the DaemonSet
 /// controller (node selector, required affinity, NoSchedule/NoExecute taints).
 pub fn pod_fits_node(spec: &PodSpec, node: &Node) -> bool {
-    let labels = node_labels(node);
+    let name = node.metadata.name.as_deref().unwrap_or("");
+    let no_labels = BTreeMap::new();
+    let labels = node.metadata.labels.as_ref().unwrap_or(&no_labels);
+    pod_selects_node(spec, name, labels) && pod_tolerates_node(spec, node)
+}
+
+/// Whether a pod's node selector and required node affinity accept a node
+/// with this name and these labels (taints aside: for callers that keep only
+/// node metadata).
+pub fn pod_selects_node(spec: &PodSpec, name: &str, labels: &BTreeMap<String, String>) -> bool {
     if let Some(sel) = &spec.node_selector
         && !sel.iter().all(|(k, v)| labels.get(k) == Some(v))
     {
         return false;
     }
-    let name = node.metadata.name.as_deref().unwrap_or("");
     if let Some(required) = spec
         .affinity
         .as_ref()
@@ -88,6 +92,11 @@ pub fn pod_fits_node(spec: &PodSpec, node: &Node) -> bool {
             return false;
         }
     }
+    true
+}
+
+/// Whether a pod tolerates every NoSchedule/NoExecute taint of the node.
+fn pod_tolerates_node(spec: &PodSpec, node: &Node) -> bool {
     let tolerations = spec.tolerations.as_deref().unwrap_or(&[]);
     for taint in node
         .spec

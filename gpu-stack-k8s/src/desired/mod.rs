@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
 use crate::cluster::object::{HASH_ANNOTATION, Object, ObjectKey};
+use crate::cluster::selector::pod_selects_node;
 use crate::clusterpolicy::{
     ClusterPolicy, ClusterPolicyStatus, Condition, DEFAULT_NAMESPACE, RefusedNode, state,
 };
@@ -258,19 +259,19 @@ fn daemonset_ready(obj: &Object, selected: usize) -> bool {
         && st.number_available.unwrap_or(0) == desired
 }
 
-/// How many of `nodes` (name, labels) a DaemonSet's node selector matches.
+/// How many of `nodes` (name, labels) a DaemonSet's node selector and
+/// required node affinity accept.
 fn selected_nodes(obj: &Object, nodes: &[(String, Cow<'_, Labels>)]) -> usize {
-    let selector = obj
+    let Some(pod) = obj
         .as_daemonset()
         .and_then(|d| d.spec.as_ref())
         .and_then(|s| s.template.spec.as_ref())
-        .and_then(|p| p.node_selector.as_ref());
-    let Some(selector) = selector else {
-        return nodes.len();
+    else {
+        return 0;
     };
     nodes
         .iter()
-        .filter(|(_, labels)| selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
+        .filter(|(name, labels)| pod_selects_node(pod, name, labels))
         .count()
 }
 
