@@ -13,8 +13,6 @@
 //!   touching no other field and no label we did not name.
 use std::sync::{Arc, RwLock};
 
-use futures::stream::BoxStream;
-use futures::{StreamExt, future};
 use gpu_stack_core::operator::labels::LabelPatch;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
@@ -23,12 +21,11 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::core::PartialObjectMeta;
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Cluster, ClusterError, NodeEvent, Object, ObjectKey};
+use super::{Cluster, ClusterError, Object, ObjectKey};
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 use crate::controller::watches::Caches;
 
@@ -147,38 +144,12 @@ where
     .await
 }
 
-fn node_from_meta(meta: &PartialObjectMeta<Node>) -> Node {
-    Node {
-        metadata: meta.metadata.clone(),
-        spec: None,
-        status: None,
-    }
-}
-
 impl Cluster for KubeCluster {
     /// Shared with the watch cache: a pass copies no node.
     type Node = Arc<PartialObjectMeta<Node>>;
 
     async fn list_nodes(&self) -> Result<Vec<Self::Node>, ClusterError> {
         Ok(self.caches.nodes.state())
-    }
-
-    fn watch_nodes(&self) -> BoxStream<'static, NodeEvent> {
-        let api: Api<PartialObjectMeta<Node>> = Api::all(self.client.clone());
-        watcher(api, watcher::Config::default().any_semantic())
-            .default_backoff()
-            .filter_map(|e| {
-                future::ready(match e {
-                    Ok(watcher::Event::Apply(m)) | Ok(watcher::Event::InitApply(m)) => {
-                        Some(NodeEvent::Applied(Box::new(node_from_meta(&m))))
-                    }
-                    Ok(watcher::Event::Delete(m)) => {
-                        Some(NodeEvent::Deleted(Box::new(node_from_meta(&m))))
-                    }
-                    _ => None,
-                })
-            })
-            .boxed()
     }
 
     async fn list_owned(&self) -> Result<Vec<Object>, ClusterError> {

@@ -122,6 +122,13 @@ impl State {
 }
 
 impl InMemoryCluster {
+    /// A stream of node changes from now on (as a node watch reports them).
+    pub fn watch_nodes(&self) -> BoxStream<'static, NodeEvent> {
+        let (tx, rx) = mpsc::unbounded();
+        self.lock().watchers.push(tx);
+        rx.boxed()
+    }
+
     /// An empty cluster.
     pub fn new() -> InMemoryCluster {
         InMemoryCluster::default()
@@ -342,12 +349,6 @@ impl Cluster for InMemoryCluster {
 
     async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
         Ok(self.nodes())
-    }
-
-    fn watch_nodes(&self) -> BoxStream<'static, NodeEvent> {
-        let (tx, rx) = mpsc::unbounded();
-        self.lock().watchers.push(tx);
-        rx.boxed()
     }
 
     async fn list_owned(&self) -> Result<Vec<Object>, ClusterError> {

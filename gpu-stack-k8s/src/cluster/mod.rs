@@ -9,7 +9,6 @@
 //! It is used through generics (`C: Cluster`), not `dyn`.
 use std::future::Future;
 
-use futures::stream::BoxStream;
 use gpu_stack_core::operator::labels::LabelPatch;
 use k8s_openapi::api::core::v1::Node;
 
@@ -77,10 +76,6 @@ pub trait Cluster: Send + Sync {
 
     /// All nodes.
     fn list_nodes(&self) -> impl Future<Output = Result<Vec<Self::Node>, ClusterError>> + Send;
-
-    /// A stream of node changes from now on. Consumers re-list after the
-    /// stream ends (as after a watch expiry).
-    fn watch_nodes(&self) -> BoxStream<'static, NodeEvent>;
 
     /// Every object the operator owns (label `app.kubernetes.io/managed-by=gpu-stack`),
     /// cluster-scoped ones included, with their current status.
