@@ -247,6 +247,16 @@ pub fn schedules(labels: &Labels, c: Component) -> bool {
     labels.get(&c.deploy_label()).is_some_and(|v| v == "true")
 }
 
+/// The operand switches another agent has paused on a node
+/// (`nvidia.com/gpu.deploy.<operand>=paused-for-*`), as (label, value): the
+/// operator leaves these operands alone and says so.
+pub fn paused_operands(labels: &Labels) -> impl Iterator<Item = (&str, &str)> {
+    labels
+        .iter()
+        .filter(|(k, v)| k.starts_with(DEPLOY_PREFIX) && v.starts_with("paused-"))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,5 +450,23 @@ mod tests {
                 prop_assert!(!schedules(&l, c));
             }
         }
+    }
+
+    #[test]
+    fn paused_operands_are_deploy_switches_set_to_paused() {
+        let labels: Labels = [
+            ("nvidia.com/gpu.deploy.device-plugin", PAUSED_FOR_MIG_CHANGE),
+            ("nvidia.com/gpu.deploy.driver", "true"),
+            ("nvidia.com/gpu.deploy.dcgm-exporter", "false"),
+            ("nvidia.com/mig.config.state", "paused-elsewhere"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let paused: Vec<_> = paused_operands(&labels).collect();
+        assert_eq!(
+            paused,
+            [("nvidia.com/gpu.deploy.device-plugin", PAUSED_FOR_MIG_CHANGE)]
+        );
     }
 }

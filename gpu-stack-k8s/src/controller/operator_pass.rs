@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use gpu_stack_core::operator::labels::{
-    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LabelPatch, NFD_GPU_LABELS, NFD_PREFIX,
+    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LabelPatch, paused_operands,
 };
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
@@ -21,7 +21,7 @@ use super::{Pass, PassReport};
 use crate::cluster::kube_cluster::KubeCluster;
 use crate::cluster::{Cluster, ClusterError};
 use crate::clusterpolicy::{ClusterPolicy, state};
-use crate::desired::Options;
+use crate::desired::{Options, gpu_node_census};
 use crate::operator::{NODE_PATCHES_IN_FLIGHT, Operator, OperatorError};
 use crate::operator_metrics::ReconciliationStatus;
 
@@ -310,39 +310,27 @@ impl Pass for OperatorPass {
         self.cluster().set_owner(&policy);
         let report = self.operator.reconcile_once().await?;
         let nodes = self.caches.nodes.state();
-        let gpu_nodes = nodes
-            .iter()
-            .filter(|n| {
-                NFD_GPU_LABELS
-                    .iter()
-                    .any(|l| n.labels().get(*l).is_some_and(|v| v == "true"))
-            })
-            .count();
-        let has_nfd = nodes
-            .iter()
-            .any(|n| n.labels().keys().any(|k| k.starts_with(NFD_PREFIX)));
+        let (gpu_nodes, has_nfd) = gpu_node_census(&nodes);
         let status = status_of(&report);
         let mut decided = decisions(&policy, &report);
         // Nodes whose operands another agent paused: say so once.
         for n in nodes.iter() {
-            for (k, v) in n.labels() {
-                if k.starts_with(DEPLOY_PREFIX) && v.starts_with("paused-") {
-                    decided.push((
-                        ObjectReference {
-                            api_version: Some("v1".into()),
-                            kind: Some("Node".into()),
-                            name: Some(n.name_any()),
-                            uid: n.uid(),
-                            ..ObjectReference::default()
-                        },
-                        Decision {
-                            severity: Severity::Normal,
-                            reason: "OperandPaused".into(),
-                            note: format!("{k}={v}: operand left alone on this node"),
-                            action: "Reconcile".into(),
-                        },
-                    ));
-                }
+            for (k, v) in paused_operands(n.labels()) {
+                decided.push((
+                    ObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("Node".into()),
+                        name: Some(n.name_any()),
+                        uid: n.uid(),
+                        ..ObjectReference::default()
+                    },
+                    Decision {
+                        severity: Severity::Normal,
+                        reason: "OperandPaused".into(),
+                        note: format!("{k}={v}: operand left alone on this node"),
+                        action: "Reconcile".into(),
+                    },
+                ));
             }
         }
         Ok(PassReport {

@@ -233,6 +233,16 @@ impl<T: NodeMeta> NodeMeta for std::sync::Arc<T> {
     }
 }
 
+/// How many of `nodes` are GPU nodes, and whether any carries
+/// node-feature-discovery labels, by the rules the desired state applies.
+pub fn gpu_node_census(nodes: &[impl NodeMeta]) -> (usize, bool) {
+    let empty = Labels::new();
+    nodes.iter().fold((0, false), |(gpus, nfd), n| {
+        let facts = NodeFacts::from_labels(n.node_metadata().labels.as_ref().unwrap_or(&empty));
+        (gpus + usize::from(facts.gpu), nfd || facts.nfd)
+    })
+}
+
 /// Readiness of a DaemonSet status, as the NVIDIA operator judges it, but
 /// never on a status that predates the nodes the DaemonSet selects.
 ///
