@@ -35,8 +35,10 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const CLIENT_QPS: &str = "200";
 const CLIENT_BURST: &str = "400";
 
-/// How long a node may miss heartbeats before it is marked Unknown.
-const NODE_MONITOR_GRACE: &str = "10m";
+/// How long a node may miss heartbeats before it is marked Unknown: longer
+/// than the longest gap between kwok's status heartbeats (the
+/// `node-heartbeat-with-lease` stage: 600 s plus up to 610 s of jitter).
+const NODE_MONITOR_GRACE: &str = "30m";
 
 struct Component {
     name: &'static str,
@@ -162,10 +164,11 @@ impl Cluster {
                 pki.join("sa.key").display()
             ),
             "--use-service-account-credentials=false".into(),
-            // kwok renews a thousand node leases from one process; on a busy
-            // 2-core machine renewals lag past the 50 s default, the node
-            // goes Unknown and its pods lose Ready for good (kwok sets it
-            // once). Real kubelets heartbeat on their own machines.
+            // kwok runs without node leases (renewing a thousand every 10 s
+            // would be a load of its own on 2 cores) and heartbeats through
+            // node status every 10 to 20 minutes. With a shorter grace period
+            // nodes go Unknown and their pods lose Ready for good (kwok sets
+            // it once). Real kubelets heartbeat on their own machines.
             format!("--node-monitor-grace-period={NODE_MONITOR_GRACE}"),
         ]);
         self.spawn("kube-controller-manager", &kcm)?;
