@@ -246,11 +246,12 @@ pub fn gpu_node_census(nodes: &[impl NodeMeta]) -> (usize, bool) {
 /// Readiness of a DaemonSet status, as the NVIDIA operator judges it, but
 /// never on a status that predates the nodes the DaemonSet selects.
 ///
-/// `selected` is how many nodes match the DaemonSet's node selector. A
-/// DaemonSet that reports no pods wanted is ready only if no node is
+/// `selected` counts the nodes the DaemonSet's node selector matches (asked
+/// only for a DaemonSet reporting no pods wanted, as matching every node is
+/// most of a pass's work). Such a DaemonSet is ready only if no node is
 /// selected: right after it is created, or after the labels its selector
 /// reads were set, its status says 0 of 0 until its controller catches up.
-fn daemonset_ready(obj: &Object, selected: usize) -> bool {
+fn daemonset_ready(obj: &Object, selected: impl FnOnce() -> usize) -> bool {
     let Some(ds) = obj.as_daemonset() else {
         return true;
     };
@@ -259,7 +260,7 @@ fn daemonset_ready(obj: &Object, selected: usize) -> bool {
     };
     let desired = st.desired_number_scheduled;
     if desired == 0 {
-        return selected == 0;
+        return selected() == 0;
     }
     if st.number_unavailable.unwrap_or(0) != 0 {
         return false;
@@ -432,7 +433,7 @@ pub fn desired_state(
         match current_by_key.get(&key) {
             Some(cur) if cur.spec_hash() == Some(hash.as_str()) => {
                 unchanged += 1;
-                if !daemonset_ready(cur, selected_nodes(obj, &effective)) {
+                if !daemonset_ready(cur, || selected_nodes(obj, &effective)) {
                     not_ready.push(key.name.clone());
                 }
             }

@@ -44,11 +44,13 @@ fn a_daemonset_wanting_no_pods_is_ready_only_if_it_selects_no_node() {
     ];
     let fresh = daemonset_selecting(&[("deploy", "true")], 0, 0);
     assert_eq!(selected_nodes(&fresh, &nodes), 2);
-    assert!(!daemonset_ready(&fresh, selected_nodes(&fresh, &nodes)));
+    assert!(!daemonset_ready(&fresh, || selected_nodes(&fresh, &nodes)));
     let nowhere = daemonset_selecting(&[("deploy", "nowhere")], 0, 0);
-    assert!(daemonset_ready(&nowhere, selected_nodes(&nowhere, &nodes)));
+    assert!(daemonset_ready(&nowhere, || selected_nodes(
+        &nowhere, &nodes
+    )));
     let rolled_out = daemonset_selecting(&[("deploy", "true")], 2, 2);
-    assert!(daemonset_ready(&rolled_out, 2));
+    assert!(daemonset_ready(&rolled_out, || 2));
     let rolling = daemonset_selecting(&[("deploy", "true")], 2, 1);
-    assert!(!daemonset_ready(&rolling, 2));
+    assert!(!daemonset_ready(&rolling, || 2));
 }
