@@ -2,8 +2,8 @@
 //!
 //! One pass: pick the ClusterPolicy in charge (oldest wins; the others are
 //! marked `ignored`), compute the desired state from the policy, the nodes
-//! and the owned objects, then act: node labels first (so DaemonSet selectors
-//! match), objects in dependency order, stale objects deleted, status last.
+//! and the owned objects, then act: node labels and objects at once (objects
+//! in dependency stages), stale objects deleted, status last.
 //! Passes are idempotent: a pass over a converged cluster writes nothing.
 use std::collections::BTreeMap;
 
@@ -12,7 +12,7 @@ use gpu_stack_core::operator::driver::DriverPlan;
 use gpu_stack_core::operator::labels::LabelPatch;
 use serde::Serialize;
 
-use crate::cluster::{Cluster, ClusterError, ObjectKey};
+use crate::cluster::{Cluster, ClusterError, Object, ObjectKey};
 use crate::clusterpolicy::ClusterPolicyStatus;
 use crate::desired::{self, Options, active_policy, carry_condition_times, ignored_status};
 
@@ -40,6 +40,9 @@ pub enum OperatorError {
 
 /// Node label patches sent at once by a reconcile pass.
 pub const NODE_PATCHES_IN_FLIGHT: usize = 16;
+
+/// Object writes of one apply stage sent at once.
+const OBJECT_APPLIES_IN_FLIGHT: usize = 8;
 
 /// Node label patches prepared at a time.
 const NODE_PATCH_BATCH: usize = 128;
@@ -161,41 +164,15 @@ impl<C: Cluster> Operator<C> {
             .map_err(during("listing owned objects"))?;
         let want = desired::desired_state(&active, &nodes, &owned, &self.options);
 
-        // Label patches are independent per node; a bounded number in flight
-        // keeps the first pass over a large fleet short without a request storm.
-        // Futures are built a batch at a time (a thousand at once were a
-        // noticeable share of the operator's memory), in a loop rather than
-        // a closure, which keeps the pass Send.
-        let labels: Vec<(&String, &LabelPatch)> = want.node_labels.iter().collect();
-        for batch in labels.chunks(NODE_PATCH_BATCH) {
-            let mut patches = Vec::with_capacity(batch.len());
-            for &(node, patch) in batch {
-                let labelled = during(format!("labelling node {node}"));
-                let cluster = &self.cluster;
-                patches.push(async move {
-                    // The updated node is dropped at once: holding every
-                    // response (managed fields and all) was the pass's peak.
-                    cluster
-                        .patch_node_labels(node, patch)
-                        .await
-                        .map(drop)
-                        .map_err(labelled)
-                });
-            }
-            futures::stream::iter(patches)
-                .buffer_unordered(NODE_PATCHES_IN_FLIGHT)
-                .try_collect::<Vec<_>>()
-                .await?;
-        }
+        // Labels and objects are written at once: a DaemonSet starts pods on
+        // each node as its labels land, instead of after the last of a large
+        // fleet's patches.
+        futures::try_join!(
+            self.patch_labels(&want.node_labels),
+            self.apply_objects(&want.apply)
+        )?;
         report.labelled = want.node_labels.clone();
-        for obj in &want.apply {
-            let key = obj.key();
-            self.cluster
-                .apply(obj.clone())
-                .await
-                .map_err(during(format!("applying {key}")))?;
-            report.applied.push(key);
-        }
+        report.applied = want.apply.iter().map(|o| o.key()).collect();
         for key in &want.delete {
             self.cluster
                 .delete(key)
@@ -218,6 +195,62 @@ impl<C: Cluster> Operator<C> {
         report.unchanged = want.unchanged;
         report.driver = want.driver;
         Ok(report)
+    }
+
+    /// Patches node labels, a bounded number in flight: the first pass over
+    /// a large fleet stays short without a request storm.
+    async fn patch_labels(
+        &self,
+        labels: &BTreeMap<String, LabelPatch>,
+    ) -> Result<(), OperatorError> {
+        // Futures are built a batch at a time (a thousand at once were a
+        // noticeable share of the operator's memory), in a loop rather than
+        // a closure, which keeps the pass Send.
+        let labels: Vec<(&String, &LabelPatch)> = labels.iter().collect();
+        for batch in labels.chunks(NODE_PATCH_BATCH) {
+            let mut patches = Vec::with_capacity(batch.len());
+            for &(node, patch) in batch {
+                let labelled = during(format!("labelling node {node}"));
+                let cluster = &self.cluster;
+                patches.push(async move {
+                    // The updated node is dropped at once: holding every
+                    // response (managed fields and all) was the pass's peak.
+                    cluster
+                        .patch_node_labels(node, patch)
+                        .await
+                        .map(drop)
+                        .map_err(labelled)
+                });
+            }
+            futures::stream::iter(patches)
+                .buffer_unordered(NODE_PATCHES_IN_FLIGHT)
+                .try_collect::<Vec<_>>()
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Applies objects stage by stage ([`Object::apply_stage`]), the objects
+    /// of one stage at once.
+    async fn apply_objects(&self, objects: &[Object]) -> Result<(), OperatorError> {
+        let mut stages: Vec<u8> = objects.iter().map(Object::apply_stage).collect();
+        stages.sort_unstable();
+        stages.dedup();
+        for stage in stages {
+            let mut applies = Vec::new();
+            for obj in objects.iter().filter(|o| o.apply_stage() == stage) {
+                let applied = during(format!("applying {}", obj.key()));
+                let cluster = &self.cluster;
+                applies.push(
+                    async move { cluster.apply(obj.clone()).await.map(drop).map_err(applied) },
+                );
+            }
+            futures::stream::iter(applies)
+                .buffer_unordered(OBJECT_APPLIES_IN_FLIGHT)
+                .try_collect::<Vec<_>>()
+                .await?;
+        }
+        Ok(())
     }
 
     /// Runs passes until one changes nothing (at most `max_passes`); returns

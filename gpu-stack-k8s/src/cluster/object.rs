@@ -99,6 +99,25 @@ impl Object {
         each!(self, o => &o.metadata)
     }
 
+    /// When this object may be applied in a pass: objects of one stage are
+    /// independent of each other and may be written at once; each stage
+    /// needs the ones before it. The namespace holds the rest; a binding is
+    /// refused while its role is missing (unless the writer may `bind`); a
+    /// DaemonSet's pods are refused while their ServiceAccount is missing,
+    /// and its controller then backs off.
+    pub fn apply_stage(&self) -> u8 {
+        match self {
+            Object::Namespace(_) => 0,
+            Object::ServiceAccount(_)
+            | Object::ClusterRole(_)
+            | Object::Role(_)
+            | Object::RuntimeClass(_)
+            | Object::ConfigMap(_) => 1,
+            Object::ClusterRoleBinding(_) | Object::RoleBinding(_) => 2,
+            Object::DaemonSet(_) => 3,
+        }
+    }
+
     /// Mutable metadata.
     pub fn meta_mut(&mut self) -> &mut ObjectMeta {
         each!(self, o => &mut o.metadata)
@@ -148,5 +167,46 @@ impl Object {
             Object::DaemonSet(d) => Some(d),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(obj: Object) -> u8 {
+        obj.apply_stage()
+    }
+
+    #[test]
+    fn dependencies_are_applied_in_earlier_stages() {
+        let namespace = stage(Object::Namespace(Namespace::default()));
+        let account = stage(Object::ServiceAccount(ServiceAccount::default()));
+        let roles = [
+            stage(Object::ClusterRole(ClusterRole::default())),
+            stage(Object::Role(Role::default())),
+        ];
+        let bindings = [
+            stage(Object::ClusterRoleBinding(ClusterRoleBinding::default())),
+            stage(Object::RoleBinding(RoleBinding::default())),
+        ];
+        let config = [
+            stage(Object::ConfigMap(ConfigMap::default())),
+            stage(Object::RuntimeClass(RuntimeClass::default())),
+        ];
+        let daemonset = stage(Object::DaemonSet(DaemonSet::default()));
+        // Everything namespaced lives in the namespace.
+        assert!(account > namespace && roles.iter().all(|r| *r > namespace));
+        // A binding needs its role; a DaemonSet's pods need their account,
+        // bindings and configuration.
+        assert!(bindings.iter().all(|b| roles.iter().all(|r| b > r)));
+        assert!(
+            [account]
+                .iter()
+                .chain(&roles)
+                .chain(&bindings)
+                .chain(&config)
+                .all(|s| daemonset > *s)
+        );
     }
 }
