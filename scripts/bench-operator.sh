@@ -2,9 +2,11 @@
 # Benchmarks the gpu-operator binary on the local test control plane with
 # 1,000 fake GPU nodes (GPU_STACK_BENCH_NODES to change): time from
 # ClusterPolicy creation to status ready and to device-plugin pods Running on
-# every node, against the control-plane floor measured in the same run (a plain
-# DaemonSet to the same nodes); the operator's peak RSS; the API requests it
-# issued; and the writes it makes on a resync with nothing to change (must be 0).
+# every node, against two floors measured in the same run, before and after
+# the operator (as many plain DaemonSets to the same nodes; the operator's own
+# DaemonSets applied directly, so the same pods); the operator's peak RSS; the
+# API requests it issued; and the writes it makes on a resync with nothing to
+# change (must be 0).
 #
 # Usage: scripts/bench-operator.sh          (starts and stops its own cluster)
 #        KUBECONFIG-less; set GPU_STACK_E2E_KUBECONFIG to reuse a running cluster.

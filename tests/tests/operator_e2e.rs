@@ -12,16 +12,19 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use gpu_stack_core::operator::labels::apply_patch;
 use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::{
     GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, unique_suffix, wait_for,
 };
 use gpu_stack_k8s::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
+use gpu_stack_k8s::cluster::selector::pod_selects_node;
 use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -877,26 +880,41 @@ fn reconcile_writes(by_resource: &BTreeMap<String, f64>) -> f64 {
         .sum()
 }
 
-/// The number of DaemonSets `spec` deploys to `fleet`, as the operator
-/// renders them.
-fn operand_daemonsets(spec: &serde_json::Value, fleet: &GpuFleet) -> Result<usize> {
+/// The DaemonSets the operator deploys for `spec` on `fleet` that run on at
+/// least one node (as rendered by the operator's own desired state).
+fn operand_daemonsets(spec: &serde_json::Value, fleet: &GpuFleet) -> Result<Vec<DaemonSet>> {
     let policy: ClusterPolicy = serde_json::from_value(serde_json::json!({
         "apiVersion": "nvidia.com/v1",
         "kind": "ClusterPolicy",
         "metadata": {"name": "cluster-policy"},
         "spec": spec,
     }))?;
+    let mut nodes = fleet.nodes()?;
     let want = gpu_stack_k8s::desired::desired_state(
         &policy,
-        &fleet.nodes()?,
+        &nodes,
         &[],
         &gpu_stack_k8s::desired::Options::default(),
     );
+    for n in &mut nodes {
+        if let Some(patch) = want.node_labels.get(&n.name_any()) {
+            apply_patch(n.labels_mut(), patch);
+        }
+    }
     Ok(want
         .objects
         .iter()
-        .filter(|o| o.as_daemonset().is_some())
-        .count())
+        .filter_map(|o| o.as_daemonset())
+        .filter(|ds| {
+            let pod = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+            pod.is_some_and(|pod| {
+                nodes
+                    .iter()
+                    .any(|n| pod_selects_node(pod, &n.name_any(), n.labels()))
+            })
+        })
+        .cloned()
+        .collect())
 }
 
 /// Whether a DaemonSet reports a ready pod on each of `count` nodes.
@@ -907,38 +925,101 @@ fn ready_on(ds: &DaemonSet, count: usize) -> bool {
     })
 }
 
-/// Control-plane floor for the operator benchmark: `operands` plain
-/// DaemonSets selecting the GPU nodes, timed from creation until every one
-/// reports a ready pod on each of `count` nodes; the namespace is deleted and
-/// its pods gone before this returns.
-async fn floor(cluster: &TestCluster, operands: usize, count: usize) -> Result<f64> {
-    let floor_ns = cluster.create_namespace("gpu-floor").await?;
-    let floor_api = Api::<DaemonSet>::namespaced(cluster.client(), &floor_ns);
-    let t = std::time::Instant::now();
-    for i in 0..operands {
-        let app = format!("floor-{i}");
-        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": app},
-            "spec": {
-                "selector": {"matchLabels": {"app": app}},
-                "template": {
+/// What a floor rolls out: as many DaemonSets as the operator runs on the
+/// nodes, either plain (one tiny container: the control plane's floor) or
+/// the operator's own DaemonSets (the same pods the operator creates, so the
+/// same work for the control plane), all selecting the GPU nodes by their
+/// NFD label, which they have from the start.
+#[derive(Clone, Copy)]
+enum FloorPods {
+    Plain,
+    Operands,
+}
+
+fn floor_objects(kind: FloorPods, operands: &[DaemonSet]) -> Result<Vec<serde_json::Value>> {
+    let mut out = Vec::new();
+    for (i, operand) in operands.iter().enumerate() {
+        let mut template = match kind {
+            FloorPods::Plain => {
+                let app = format!("floor-{i}");
+                serde_json::json!({
                     "metadata": {"labels": {"app": app}},
-                    "spec": {
-                        "nodeSelector": {NFD_NVIDIA_PCI_LABEL: "true"},
-                        "containers": [{"name": "c", "image": "floor:1"}]
-                    }
-                }
+                    "spec": {"containers": [{"name": "c", "image": "floor:1"}]}
+                })
             }
-        }))?;
-        floor_api.create(&PostParams::default(), &ds).await?;
+            FloorPods::Operands => serde_json::to_value(
+                operand
+                    .spec
+                    .as_ref()
+                    .map(|s| &s.template)
+                    .context("DaemonSet without spec")?,
+            )?,
+        };
+        template["spec"]["nodeSelector"] = serde_json::json!({NFD_NVIDIA_PCI_LABEL: "true"});
+        if let Some(account) = template["spec"]["serviceAccountName"].as_str() {
+            out.push(serde_json::json!({
+                "apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": account}
+            }));
+        }
+        let selector = template["metadata"]["labels"].clone();
+        out.push(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": format!("floor-{i}")},
+            "spec": {"selector": {"matchLabels": selector}, "template": template}
+        }));
+    }
+    Ok(out)
+}
+
+/// Control-plane floor for the operator benchmark: the DaemonSets of
+/// [`floor_objects`] (and the ServiceAccounts their pods name), timed from
+/// creation until every one reports a ready pod on each of `count` nodes;
+/// the namespace is deleted and its pods gone before this returns.
+async fn floor(
+    cluster: &TestCluster,
+    kind: FloorPods,
+    operands: &[DaemonSet],
+    count: usize,
+) -> Result<f64> {
+    let floor_ns = cluster.create_namespace("gpu-floor").await?;
+    let objects = floor_objects(kind, operands)?;
+    let accounts = Api::<ServiceAccount>::namespaced(cluster.client(), &floor_ns);
+    let floor_api = Api::<DaemonSet>::namespaced(cluster.client(), &floor_ns);
+    // Cluster-wide prerequisites of the operator's pods (its RuntimeClass)
+    // exist before the clock starts, as they do for the operator's DaemonSets.
+    let classes = Api::<RuntimeClass>::all(cluster.client());
+    for class in objects
+        .iter()
+        .filter_map(|o| o["spec"]["template"]["spec"]["runtimeClassName"].as_str())
+    {
+        if classes.get_opt(class).await?.is_none() {
+            let rc: RuntimeClass = serde_json::from_value(serde_json::json!({
+                "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                "metadata": {"name": class}, "handler": class
+            }))?;
+            classes.create(&PostParams::default(), &rc).await?;
+        }
+    }
+    let t = std::time::Instant::now();
+    for obj in objects {
+        if obj["kind"] == "ServiceAccount" {
+            let sa: ServiceAccount = serde_json::from_value(obj)?;
+            accounts.create(&PostParams::default(), &sa).await?;
+        } else {
+            let ds: DaemonSet = serde_json::from_value(obj)?;
+            floor_api.create(&PostParams::default(), &ds).await?;
+        }
     }
     wait_for(
         "floor DaemonSets ready on every node",
         Duration::from_secs(900),
         || async {
             let all = daemonsets(&cluster.client(), &floor_ns).await?;
-            Ok((all.len() == operands && all.iter().all(|d| ready_on(d, count))).then_some(()))
+            Ok(
+                (all.len() == operands.len() && all.iter().all(|d| ready_on(d, count)))
+                    .then_some(()),
+            )
         },
     )
     .await?;
@@ -1001,14 +1082,20 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         t.elapsed().as_secs_f64()
     );
 
-    // Floor, in the same run: as many plain DaemonSets as the policy deploys,
-    // selecting the same nodes, timed to the same end (every DaemonSet
-    // reporting a ready pod on every node).
+    // Floors, in the same run, before and after the operator: as many
+    // DaemonSets as the policy runs on the nodes, selecting the same nodes,
+    // timed to the same end (every DaemonSet reporting a ready pod on every
+    // node); once with plain pods, once with the operator's own pods.
     let spec = serde_json::json!({"driver": {"enabled": true}});
     let operands = operand_daemonsets(&spec, &GpuFleet::new(format!("{prefix}-n"), count))?;
-    let floor_before = floor(&cluster, operands, count).await?;
+    let n = operands.len();
+    let plain_before = floor(&cluster, FloorPods::Plain, &operands, count).await?;
     println!(
-        "bench: control-plane floor ({operands} plain DaemonSets ready on {count} nodes): {floor_before:.1}s"
+        "bench: control-plane floor ({n} plain DaemonSets ready on {count} nodes): {plain_before:.1}s"
+    );
+    let same_before = floor(&cluster, FloorPods::Operands, &operands, count).await?;
+    println!(
+        "bench: same-pods floor (the operator's {n} DaemonSets, applied directly): {same_before:.1}s"
     );
 
     let op = Replica::start(&bin, &kubeconfig, &namespace, "bench", free_port()?)?;
@@ -1039,8 +1126,7 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     .await?;
     let pods = t.elapsed().as_secs_f64();
     println!(
-        "bench: operator ClusterPolicy -> status ready: {ready:.1}s ({:+.1}s vs the floor before); -> device-plugin Running on {count} nodes: {pods:.1}s",
-        ready - floor_before
+        "bench: operator ClusterPolicy -> status ready: {ready:.1}s; -> device-plugin Running on {count} nodes: {pods:.1}s"
     );
     let requests = metric_sum(&op, "gpu_stack_operator_api_requests_total").await;
     let writes = writes_by_resource(&op).await;
@@ -1085,11 +1171,14 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         Ok(left.items.is_empty().then_some(()))
     })
     .await?;
-    let floor_after = floor(&cluster, operands, count).await?;
-    let mean = (floor_before + floor_after) / 2.0;
+    let same_after = floor(&cluster, FloorPods::Operands, &operands, count).await?;
+    let plain_after = floor(&cluster, FloorPods::Plain, &operands, count).await?;
+    let plain = (plain_before + plain_after) / 2.0;
+    let same = (same_before + same_after) / 2.0;
     println!(
-        "bench: control-plane floor again: {floor_after:.1}s; operator ready vs mean floor {mean:.1}s: {:+.1}s",
-        ready - mean
+        "bench: floors again: same pods {same_after:.1}s, plain {plain_after:.1}s; operator ready {ready:.1}s vs mean same-pods floor {same:.1}s: {:+.1}s; vs mean plain floor {plain:.1}s: {:+.1}s",
+        ready - same,
+        ready - plain
     );
 
     cluster.delete_nodes(&names).await?;
