@@ -38,8 +38,11 @@ pub enum OperatorError {
     },
 }
 
-/// Node label patches sent at once by a reconcile pass.
-pub const NODE_PATCHES_IN_FLIGHT: usize = 16;
+/// Node label patches sent at once by a reconcile pass. Labels only need to
+/// stay ahead of the DaemonSet controller, which starts pods on far fewer
+/// nodes a second than this many patches label; each request in flight
+/// holds its buffers, and the operator's memory is the budget that binds.
+pub const NODE_PATCHES_IN_FLIGHT: usize = 8;
 
 /// Object writes of one apply stage sent at once.
 const OBJECT_APPLIES_IN_FLIGHT: usize = 8;
