@@ -202,7 +202,7 @@ impl<C: Cluster> Operator<C> {
 
     /// Patches node labels, a bounded number in flight: the first pass over
     /// a large fleet stays short without a request storm.
-    async fn patch_labels(
+    pub(crate) async fn patch_labels(
         &self,
         labels: &BTreeMap<String, LabelPatch>,
     ) -> Result<(), OperatorError> {
@@ -213,7 +213,7 @@ impl<C: Cluster> Operator<C> {
         for batch in labels.chunks(NODE_PATCH_BATCH) {
             let mut patches = Vec::with_capacity(batch.len());
             for &(node, patch) in batch {
-                let labelled = during(format!("labelling node {node}"));
+                let labelled = during(format!("patching the labels of node {node}"));
                 let cluster = &self.cluster;
                 patches.push(async move {
                     // The updated node is dropped at once: holding every

@@ -3,11 +3,10 @@
 //! that deleting the ClusterPolicy also removes the node labels the operator
 //! added, and Events for decisions (published once per change, so a resync
 //! writes nothing).
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
 use gpu_stack_core::operator::labels::{
     DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LabelPatch, paused_operands,
 };
@@ -22,7 +21,7 @@ use crate::cluster::kube_cluster::KubeCluster;
 use crate::cluster::{Cluster, ClusterError};
 use crate::clusterpolicy::{ClusterPolicy, state};
 use crate::desired::{Options, gpu_node_census};
-use crate::operator::{NODE_PATCHES_IN_FLIGHT, Operator, OperatorError};
+use crate::operator::{Operator, OperatorError};
 use crate::operator_metrics::ReconciliationStatus;
 
 /// Finalizer on the ClusterPolicy: node label cleanup runs before it goes.
@@ -131,7 +130,7 @@ impl OperatorPass {
                 source,
             }
         };
-        let patches: Vec<(String, _)> = self
+        let patches: BTreeMap<String, LabelPatch> = self
             .caches
             .nodes
             .state()
@@ -139,23 +138,18 @@ impl OperatorPass {
             .map(|node| (node.name_any(), cleanup_patch(node.labels())))
             .filter(|(_, patch)| !patch.is_empty())
             .collect();
-        // (Futures built in a loop rather than a closure keep the pass Send.)
-        let mut pending = Vec::with_capacity(patches.len());
-        for (node_name, patch) in &patches {
-            let failed = fail(format!("removing labels from node {node_name}"));
-            let cluster = self.cluster();
-            pending.push(async move {
-                cluster
-                    .patch_node_labels(node_name, patch)
-                    .await
-                    .map(|_| ())
-                    .map_err(failed)
-            });
-        }
-        futures::stream::iter(pending)
-            .buffer_unordered(NODE_PATCHES_IN_FLIGHT)
-            .try_collect::<Vec<_>>()
-            .await?;
+        // The same bounded, batched writes as a pass's labels.
+        self.operator
+            .patch_labels(&patches)
+            .await
+            .map_err(|e| match e {
+                OperatorError::Cluster { during, source } => KubePassError::Cleanup {
+                    policy: name.clone(),
+                    during,
+                    source,
+                },
+                other => KubePassError::Operator(other),
+            })?;
         let owned = self
             .cluster()
             .list_owned()
