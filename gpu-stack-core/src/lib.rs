@@ -8,6 +8,8 @@
 //! - [`backend`]: the `GpuBackend` trait every GPU implementation serves.
 //! - [`operator`], [`deviceplugin`], [`gfd`], [`cdi`], [`metrics`], [`migmanager`]:
 //!   what the operator and the node agents decide.
+//! - [`nodediscovery`]: the NFD-compatible node labels the node-discovery agent
+//!   writes where NFD is not installed, and when it writes them.
 //!
 //! ```
 //! use gpu_stack_core::{catalog, mig};
@@ -36,4 +38,5 @@ pub mod metrics;
 pub mod mig;
 pub mod migmanager;
 pub mod migparted;
+pub mod nodediscovery;
 pub mod operator;
