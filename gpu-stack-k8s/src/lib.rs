@@ -7,6 +7,7 @@
 //! - [`deviceplugin`], [`podresources`], [`exporter`], [`migmanager`]: the node
 //!   agents' kubelet protocols and loops.
 //! - [`demo`]: the operator and agents against an in-memory cluster and simulated GPUs.
+//! - [`nodediscovery`]: the agent that writes NFD's node labels where NFD is not installed.
 //!
 //! ```
 //! // The CRD users install is generated from the Rust types.
@@ -24,6 +25,7 @@ pub mod exporter;
 pub mod kubelet_standin;
 pub mod leader;
 pub mod migmanager;
+pub mod nodediscovery;
 pub mod operator;
 pub mod operator_metrics;
 pub mod podresources;
