@@ -224,6 +224,41 @@ pub fn present_files(dir: &Path) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// Whether a file name is a validation status file: `<name>-ready`, not
+/// hidden (the `*-ready` glob of NVIDIA's preStop hook; the driver
+/// container's own `.driver-ctr-ready` is not one).
+pub fn is_status_file(name: &str) -> bool {
+    !name.starts_with('.') && name.len() > "-ready".len() && name.ends_with("-ready")
+}
+
+/// Removes every status file in `dir` (what NVIDIA's validator pod does
+/// with `rm -f <dir>/*-ready` when it stops); returns the names removed, in
+/// order. A missing directory removes nothing.
+pub fn remove_status_files(dir: &Path) -> Result<Vec<String>, ValidatorError> {
+    let mut removed = Vec::new();
+    for name in present_files(dir) {
+        if is_status_file(&name) && remove_ready(dir, &name)? {
+            removed.push(name);
+        }
+    }
+    Ok(removed)
+}
+
+/// The validator pod's main container: once every check of the init chain
+/// has passed, holds until `stop` completes (SIGTERM when the pod stops),
+/// then removes the status files, so that no operand starts on this node
+/// on the word of a validator that is gone. Returns the names removed.
+pub async fn hold(
+    dir: &Path,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Vec<String>, ValidatorError> {
+    tracing::info!(dir = %dir.display(), "all validations are successful; holding until stopped");
+    stop.await;
+    let removed = remove_status_files(dir)?;
+    tracing::info!(removed = ?removed, "stopping: removed the status files");
+    Ok(removed)
+}
+
 /// Gathers evidence for one component and decides, once.
 pub async fn check_once(
     component: ValidationComponent,
@@ -422,6 +457,76 @@ mod tests {
         assert!(
             err.contains("toolkit not ready") && err.contains("toolkit-installed"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn status_files_are_the_visible_ready_files() {
+        for name in [
+            "driver-ready",
+            "toolkit-ready",
+            "cuda-ready",
+            "plugin-ready",
+            "mofed-ready",
+        ] {
+            assert!(is_status_file(name), "{name}");
+        }
+        for name in [
+            ".driver-ctr-ready",
+            "-ready",
+            "ready",
+            ".driver-daemons-status",
+            "driver-ready.tmp",
+        ] {
+            assert!(!is_status_file(name), "{name}");
+        }
+    }
+
+    #[tokio::test]
+    async fn hold_removes_the_status_files_when_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "driver-ready",
+            "toolkit-ready",
+            "cuda-ready",
+            "plugin-ready",
+            ".driver-ctr-ready",
+            "workload-type",
+        ] {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let held = tokio::spawn({
+            let dir = dir.path().to_path_buf();
+            async move {
+                hold(&dir, async {
+                    let _ = rx.await;
+                })
+                .await
+            }
+        });
+        tokio::task::yield_now().await;
+        // Nothing is removed while the pod runs.
+        assert_eq!(present_files(dir.path()).len(), 6);
+        tx.send(()).unwrap();
+        let removed = held.await.unwrap().unwrap();
+        assert_eq!(
+            removed,
+            [
+                "cuda-ready",
+                "driver-ready",
+                "plugin-ready",
+                "toolkit-ready"
+            ]
+        );
+        assert_eq!(
+            present_files(dir.path()),
+            BTreeSet::from([".driver-ctr-ready".to_string(), "workload-type".to_string()])
+        );
+        assert!(
+            remove_status_files(&dir.path().join("missing"))
+                .unwrap()
+                .is_empty()
         );
     }
 

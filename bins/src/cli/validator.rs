@@ -4,6 +4,13 @@
 //! validations directory when it passes; a failed check writes nothing,
 //! removes a stale file and exits 1. Takes `COMPONENT`, `WITH_WAIT` and
 //! `NODE_NAME` from the environment as the rendered DaemonSets set them.
+//!
+//! Two modes check nothing, so they need no GPU, no Kubernetes client and no
+//! privileges (a read-only mount of the directory is enough for the first):
+//! `--wait-only` waits for status files (the operands' wait gates, and the
+//! validator pod's readiness probe with `--timeout 0`), and `--hold` is the
+//! validator pod's main container: it logs that all validations passed,
+//! sleeps until SIGTERM or SIGINT, then removes the `*-ready` files and exits 0.
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -15,10 +22,11 @@ use gpu_stack_core::operator::validation::{
     CudaVersion, DEFAULT_REQUIRED_CUDA, DriverRoot, ValidationComponent, parse_components,
 };
 use gpu_stack_k8s::validator::{
-    DEFAULT_TOOLKIT_EVIDENCE, Sources, ValidatorError, ValidatorOptions, validate, wait_for_ready,
+    DEFAULT_TOOLKIT_EVIDENCE, Sources, ValidatorError, ValidatorOptions, hold, validate,
+    wait_for_ready,
 };
 
-use crate::agent::kube_client;
+use crate::agent::{kube_client, shutdown_signal};
 use crate::backend_flags::BackendArgs;
 
 /// Flags of `gpu-stack validator`.
@@ -27,8 +35,13 @@ pub struct Args {
     #[command(flatten)]
     backend: BackendArgs,
     /// What to check: driver, toolkit, cuda, plugin, or all (in that order).
-    #[arg(long, env = "COMPONENT", value_name = "NAME")]
-    component: String,
+    #[arg(
+        long,
+        env = "COMPONENT",
+        value_name = "NAME",
+        required_unless_present = "hold"
+    )]
+    component: Option<String>,
     /// Directory of the status files.
     #[arg(long, value_name = "DIR", default_value = VALIDATIONS_DIR)]
     validations_dir: PathBuf,
@@ -40,9 +53,15 @@ pub struct Args {
     /// pods that only need another pod's checks to have passed).
     #[arg(long, conflicts_with = "wait")]
     wait_only: bool,
-    /// Give up waiting after this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 600)]
-    timeout: u64,
+    /// Check nothing: log that all validations are successful, sleep until
+    /// SIGTERM or SIGINT, then remove every `*-ready` file and exit 0 (the
+    /// validator pod's main container).
+    #[arg(long, conflicts_with_all = ["wait", "wait_only"])]
+    hold: bool,
+    /// Give up waiting after this many seconds; `0` checks once, `never`
+    /// waits as long as it takes.
+    #[arg(long, value_name = "SECS|never", default_value = "600")]
+    timeout: Timeout,
     /// Pause between retries, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     poll_interval_ms: u64,
@@ -66,15 +85,48 @@ pub struct Args {
     kubeconfig: Option<PathBuf>,
 }
 
+/// How long to wait: `--timeout SECS` or `--timeout never`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeout(Option<Duration>);
+
+impl Timeout {
+    /// The limit; `never` is a limit no wait reaches.
+    fn limit(self) -> Duration {
+        self.0.unwrap_or(Duration::MAX)
+    }
+}
+
+impl std::str::FromStr for Timeout {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "never" {
+            return Ok(Timeout(None));
+        }
+        s.parse::<u64>()
+            .map(|secs| Timeout(Some(Duration::from_secs(secs))))
+            .map_err(|_| format!("{s:?} is neither a number of seconds nor `never`"))
+    }
+}
+
 /// Runs the checks; exit 0 when all pass, 1 when one fails (nothing written for it).
 pub fn run(args: Args) -> Result<ExitCode> {
-    let components = parse_components(&args.component)?;
-    let poll = Duration::from_millis(args.poll_interval_ms.max(1));
-    let timeout = Duration::from_secs(args.timeout);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    if args.hold {
+        return rt.block_on(async move {
+            println!("all validations are successful");
+            let removed = hold(&args.validations_dir, shutdown_signal()).await?;
+            println!("stopped; removed {}", list_or_none(&removed));
+            Ok(ExitCode::SUCCESS)
+        });
+    }
+    // clap requires --component unless --hold.
+    let components = parse_components(args.component.as_deref().unwrap_or_default())?;
+    let poll = Duration::from_millis(args.poll_interval_ms.max(1));
+    let timeout = args.timeout.limit();
     rt.block_on(async move {
         if args.wait_only {
             return Ok(
@@ -121,6 +173,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+fn list_or_none(names: &[String]) -> String {
+    if names.is_empty() {
+        "no status file".into()
+    } else {
+        names.join(", ")
+    }
 }
 
 fn names(components: &[ValidationComponent]) -> String {

@@ -199,13 +199,16 @@ impl Gate {
         }
     }
 
-    /// Shell command of a plain wait gate: `until [ -f <file> ]; do sleep 5; done`.
-    pub fn wait_command(self) -> String {
-        format!(
-            "until [ -f {VALIDATIONS_DIR}/{} ]; do echo waiting for {}; sleep 5; done",
-            self.status_file(),
-            self.status_file()
-        )
+    /// The validator component (`--component`) whose status file this gate
+    /// writes or waits for: a plain wait gate runs
+    /// `gpu-stack validator --wait-only --component <this>`.
+    pub fn status_component(self) -> &'static str {
+        match self {
+            Gate::DriverValidation => "driver",
+            Gate::ToolkitValidation | Gate::ToolkitWait => "toolkit",
+            Gate::CudaValidation => "cuda",
+            Gate::PluginValidation => "plugin",
+        }
     }
 }
 
@@ -408,11 +411,15 @@ mod tests {
     }
 
     #[test]
-    fn wait_command_names_the_file() {
-        assert!(
-            Gate::ToolkitWait
-                .wait_command()
-                .contains("/run/nvidia/validations/toolkit-ready")
-        );
+    fn status_components_name_the_files() {
+        for g in [
+            Gate::DriverValidation,
+            Gate::ToolkitValidation,
+            Gate::CudaValidation,
+            Gate::PluginValidation,
+            Gate::ToolkitWait,
+        ] {
+            assert_eq!(format!("{}-ready", g.status_component()), g.status_file());
+        }
     }
 }

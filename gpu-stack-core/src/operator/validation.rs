@@ -75,17 +75,27 @@ impl fmt::Display for ValidationComponent {
     }
 }
 
-/// Which components a `COMPONENT` value selects: one, or `all` in chain order.
+/// Which components a `COMPONENT` value selects: one, a comma-separated
+/// list (in the order given, each once), or `all` in chain order.
 pub fn parse_components(value: &str) -> Result<Vec<ValidationComponent>, ValidationError> {
-    let v = value.trim();
-    if v == "all" {
-        return Ok(ValidationComponent::ALL.to_vec());
+    let mut out: Vec<ValidationComponent> = Vec::new();
+    for v in value.split(',').map(str::trim) {
+        let found: Vec<ValidationComponent> = if v == "all" {
+            ValidationComponent::ALL.to_vec()
+        } else {
+            let one = ValidationComponent::ALL
+                .into_iter()
+                .find(|c| c.name() == v)
+                .ok_or_else(|| ValidationError::UnknownComponent(v.to_string()))?;
+            vec![one]
+        };
+        for c in found {
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
     }
-    ValidationComponent::ALL
-        .into_iter()
-        .find(|c| c.name() == v)
-        .map(|c| vec![c])
-        .ok_or_else(|| ValidationError::UnknownComponent(v.to_string()))
+    Ok(out)
 }
 
 /// A CUDA driver API version `major.minor`.
@@ -127,7 +137,7 @@ impl fmt::Display for CudaVersion {
 pub enum ValidationError {
     /// `COMPONENT` names no known check.
     #[error(
-        "unknown validator component {0:?}: use one of driver, toolkit, cuda, plugin or all (flag --component or env COMPONENT)"
+        "unknown validator component {0:?}: use driver, toolkit, cuda, plugin, a comma-separated list of them, or all (flag --component or env COMPONENT)"
     )]
     UnknownComponent(String),
     /// A CUDA version is not `major.minor`.
@@ -387,6 +397,27 @@ mod tests {
         ] {
             assert_eq!(c.ready_file(), g.status_file());
             assert_eq!(Some(c.name()), g.validator_component());
+            assert_eq!(c.name(), g.status_component());
+        }
+        // A plain wait gate waits for the file its component's check writes.
+        let waited = parse_components(Gate::ToolkitWait.status_component()).unwrap();
+        assert_eq!(waited[0].ready_file(), Gate::ToolkitWait.status_file());
+    }
+
+    proptest! {
+        #[test]
+        fn component_lists_parse_in_order_each_once(
+            picks in proptest::collection::vec(0usize..4, 1..8),
+        ) {
+            let names: Vec<&str> = picks.iter().map(|i| ValidationComponent::ALL[*i].name()).collect();
+            let parsed = parse_components(&names.join(", ")).unwrap();
+            let mut expected: Vec<ValidationComponent> = Vec::new();
+            for i in &picks {
+                if !expected.contains(&ValidationComponent::ALL[*i]) {
+                    expected.push(ValidationComponent::ALL[*i]);
+                }
+            }
+            prop_assert_eq!(parsed, expected);
         }
     }
 

@@ -32,6 +32,9 @@ pub const DRIVER_MANAGER_IMAGE: &str = "nvcr.io/nvidia/cloud-native/k8s-driver-m
 pub const COMPONENT_LABEL: &str = "nvidia.com/gpu-stack.component";
 /// Label on per-pool driver DaemonSets built from precompiled images.
 pub const PRECOMPILED_LABEL: &str = "nvidia.com/precompiled";
+/// The entrypoint of the validator image (`gpu-stack`), for exec probes:
+/// the image is distroless, there is no shell to find it.
+pub const GPU_STACK_BIN: &str = "/usr/bin/gpu-stack";
 
 /// Common context of every rendered object.
 pub struct RenderContext<'a> {
@@ -296,6 +299,16 @@ fn privileged() -> Option<SecurityContext> {
 const VALIDATIONS_VOLUME: &str = "run-nvidia-validations";
 const DRIVER_ROOT_VOLUME: &str = "driver-install-dir";
 const HOST_ROOT_VOLUME: &str = "host-root";
+/// Host paths that show a toolkit installed outside the operator, or a
+/// runtime reading CDI specs: NVIDIA's runtime, its containerd drop-in, its
+/// CDI spec, and the CDI spec directories themselves.
+const PREINSTALLED_TOOLKIT_TRACES: [&str; 5] = [
+    "/usr/bin/nvidia-container-runtime",
+    "/etc/containerd/conf.d/99-nvidia.toml",
+    "/etc/cdi/nvidia.yaml",
+    "/etc/cdi",
+    "/run/cdi",
+];
 /// Well-known node label carrying the node name; used to keep refused nodes
 /// out of a driver pool.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
@@ -319,13 +332,17 @@ fn gate_container(ctx: &RenderContext, gate: Gate) -> Container {
         Some(component) => {
             // The image's entrypoint is `gpu-stack`; the check is its `validator` subcommand.
             c.args = Some(vec!["validator".into()]);
-            c.env = Some(vec![
+            let mut vars = vec![
                 env("COMPONENT", component),
                 env("WITH_WAIT", "true"),
                 env("WITH_WORKLOAD", "false"),
                 env("MIG_STRATEGY", ctx.spec().mig_strategy()),
                 node_name_env(),
-            ]);
+            ];
+            // `validator.env` reaches every check, as NVIDIA's does (the
+            // checks read the GPUs, so the backend settings live there).
+            with_user_env(&mut vars, ctx.spec(), Component::OperatorValidator);
+            c.env = Some(vars);
             if gate == Gate::DriverValidation {
                 c.volume_mounts.get_or_insert_with(Vec::new).extend([
                     mount(
@@ -337,14 +354,32 @@ fn gate_container(ctx: &RenderContext, gate: Gate) -> Container {
                     mount(HOST_ROOT_VOLUME, "/host", true, Some("HostToContainer")),
                 ]);
             }
+            if gate == Gate::ToolkitValidation && !ctx.spec().enablement().toolkit {
+                // No toolkit DaemonSet: the toolkit is pre-installed, or the
+                // runtime injects devices through CDI by itself (containerd
+                // 1.7+, CRI-O). Either leaves a trace on the host, seen
+                // through the host root.
+                c.volume_mounts.get_or_insert_with(Vec::new).push(mount(
+                    HOST_ROOT_VOLUME,
+                    "/host",
+                    true,
+                    Some("HostToContainer"),
+                ));
+                let args = c.args.get_or_insert_with(Vec::new);
+                for trace in PREINSTALLED_TOOLKIT_TRACES {
+                    args.push("--toolkit-evidence".into());
+                    args.push(format!("/host{trace}"));
+                }
+            }
         }
         None => {
             // Wait-only gates read the status files the privileged validator
             // writes; an unprivileged container may not use Bidirectional
             // propagation, so they see the host directory read-only with
             // HostToContainer propagation (as NVIDIA's toolkit-validation does).
-            c.command = Some(vec!["sh".into(), "-c".into()]);
-            c.args = Some(vec![gate.wait_command()]);
+            // The image has no shell: the wait is the validator's own
+            // `--wait-only` mode, which needs no GPU, API access or privileges.
+            c.args = Some(wait_only_args(gate.status_component(), "never"));
             c.security_context = None;
             c.volume_mounts = Some(vec![mount(
                 VALIDATIONS_VOLUME,
@@ -355,6 +390,24 @@ fn gate_container(ctx: &RenderContext, gate: Gate) -> Container {
         }
     }
     c
+}
+
+/// Arguments of `gpu-stack validator --wait-only` for the status files of
+/// `component` (a validator `--component` value), polling every 5 s like
+/// NVIDIA's `until [ -f ... ]; do sleep 5; done`.
+fn wait_only_args(component: &str, timeout: &str) -> Vec<String> {
+    [
+        "validator",
+        "--wait-only",
+        "--component",
+        component,
+        "--timeout",
+        timeout,
+        "--poll-interval-ms",
+        "5000",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 fn tolerations(spec: &ClusterPolicySpec) -> Vec<Toleration> {
@@ -432,14 +485,18 @@ fn component_env(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
         }
         Component::OperatorValidator | Component::DcgmExporter | Component::NodeStatusExporter => {}
     }
-    // User env overrides by name.
+    with_user_env(&mut out, spec, c);
+    out
+}
+
+/// A component's `env` from the policy, overriding by name.
+fn with_user_env(out: &mut Vec<EnvVar>, spec: &ClusterPolicySpec, c: Component) {
     if let Some(cs) = spec.component(c) {
         for e in &cs.env {
             out.retain(|x| x.name != e.name);
             out.push(env(&e.name, e.value.clone()));
         }
     }
-    out
 }
 
 /// Volumes and main-container mounts of a component.
@@ -610,6 +667,13 @@ fn volumes(ctx: &RenderContext, c: Component) -> (Vec<Volume>, Vec<VolumeMount>)
     (vols, mounts)
 }
 
+/// A gpu-stack subcommand's arguments followed by the user's `args` from
+/// the policy (which otherwise replace the container's arguments).
+fn with_user_args(mut subcommand: Vec<String>, user: Option<Vec<String>>) -> Vec<String> {
+    subcommand.extend(user.unwrap_or_default());
+    subcommand
+}
+
 /// One DaemonSet of a component; for the driver, one per pool.
 pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -> Object {
     let spec = ctx.spec();
@@ -742,21 +806,27 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
             }
         }
         Component::OperatorValidator => {
-            main.command = Some(vec!["sh".into(), "-c".into()]);
-            main.args = Some(vec![
-                "echo all validations are successful; sleep infinity".into(),
-            ]);
-            main.lifecycle = Some(Lifecycle {
-                pre_stop: Some(LifecycleHandler {
-                    exec: Some(ExecAction {
-                        command: Some(vec![
-                            "sh".into(),
-                            "-c".into(),
-                            format!("rm -f {VALIDATIONS_DIR}/*-ready"),
-                        ]),
-                    }),
-                    ..Default::default()
+            // Holds after the init chain passed; on SIGTERM it removes the
+            // `*-ready` files itself (NVIDIA's preStop `rm -f .../*-ready`),
+            // as the image has no shell.
+            main.args = Some(with_user_args(
+                vec!["validator".into(), "--hold".into()],
+                main.args.take(),
+            ));
+            // Ready while every status file of the init chain is there.
+            let checked: Vec<&str> = c
+                .gates()
+                .iter()
+                .filter_map(|g| g.validator_component())
+                .collect();
+            let mut probe = vec![GPU_STACK_BIN.to_string()];
+            probe.extend(wait_only_args(&checked.join(","), "0"));
+            main.readiness_probe = Some(Probe {
+                exec: Some(ExecAction {
+                    command: Some(probe),
                 }),
+                period_seconds: Some(10),
+                timeout_seconds: Some(5),
                 ..Default::default()
             });
         }

@@ -54,3 +54,151 @@ fn a_daemonset_wanting_no_pods_is_ready_only_if_it_selects_no_node() {
     let rolling = daemonset_selecting(&[("deploy", "true")], 2, 1);
     assert!(!daemonset_ready(&rolling, || 2));
 }
+
+fn policy_with(spec: serde_json::Value) -> ClusterPolicy {
+    let spec: crate::clusterpolicy::ClusterPolicySpec =
+        serde_json::from_value(spec).expect("a valid spec");
+    ClusterPolicy::new("cluster-policy", spec)
+}
+
+fn pod_of(obj: &Object) -> &k8s_openapi::api::core::v1::PodSpec {
+    obj.as_daemonset()
+        .and_then(|d| d.spec.as_ref())
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("a DaemonSet with a pod template")
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// Every command a container of a gpu-stack image runs: its command and
+/// args, its probes' and hooks' exec commands.
+fn commands(c: &k8s_openapi::api::core::v1::Container) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    out.extend(c.command.clone());
+    out.extend(c.args.clone());
+    for p in [&c.readiness_probe, &c.liveness_probe, &c.startup_probe]
+        .into_iter()
+        .flatten()
+    {
+        out.extend(p.exec.as_ref().and_then(|e| e.command.clone()));
+    }
+    if let Some(l) = &c.lifecycle {
+        for h in [&l.pre_stop, &l.post_start].into_iter().flatten() {
+            out.extend(h.exec.as_ref().and_then(|e| e.command.clone()));
+        }
+    }
+    out
+}
+
+#[test]
+fn gpu_stack_images_run_no_shell() {
+    let policy = policy_with(serde_json::json!({"nodeStatusExporter": {"enabled": true}}));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    // The driver runs NVIDIA's driver image, which has a shell.
+    for c in Component::ALL
+        .into_iter()
+        .filter(|c| *c != Component::Driver)
+    {
+        let ds = render::daemonset(&ctx, c, None);
+        let pod = pod_of(&ds);
+        for container in pod.init_containers.iter().flatten().chain(&pod.containers) {
+            for cmd in commands(container) {
+                assert!(
+                    !cmd.iter().any(|a| a == "sh" || a == "/bin/sh" || a == "-c"),
+                    "{c}/{}: {cmd:?} needs a shell",
+                    container.name
+                );
+            }
+        }
+        // Every gate runs the validator image's entrypoint with a subcommand.
+        for gate in pod.init_containers.iter().flatten() {
+            assert_eq!(gate.command, None, "{c}/{}", gate.name);
+            let args = gate.args.clone().unwrap_or_default();
+            assert_eq!(
+                args.first().map(String::as_str),
+                Some("validator"),
+                "{c}/{}",
+                gate.name
+            );
+        }
+    }
+}
+
+#[test]
+fn wait_gates_wait_with_the_validator_forever_and_unprivileged() {
+    let policy = policy_with(serde_json::json!({}));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::DevicePlugin, None);
+    let gate = &pod_of(&ds).init_containers.as_ref().expect("a gate")[0];
+    assert_eq!(gate.name, "toolkit-validation");
+    assert_eq!(
+        gate.args.clone().unwrap_or_default(),
+        strings(&[
+            "validator",
+            "--wait-only",
+            "--component",
+            "toolkit",
+            "--timeout",
+            "never",
+            "--poll-interval-ms",
+            "5000"
+        ])
+    );
+    assert_eq!(gate.security_context, None);
+    let mounts = gate.volume_mounts.clone().unwrap_or_default();
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts[0].read_only, Some(true));
+    assert_eq!(
+        mounts[0].mount_propagation.as_deref(),
+        Some("HostToContainer")
+    );
+    assert_eq!(
+        gate.env, None,
+        "a wait needs no node name, GPU or API access"
+    );
+}
+
+#[test]
+fn validator_holds_and_is_ready_while_its_status_files_exist() {
+    let policy = policy_with(serde_json::json!({}));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::OperatorValidator, None);
+    let main = &pod_of(&ds).containers[0];
+    assert_eq!(main.command, None);
+    assert_eq!(
+        main.args.clone().unwrap_or_default(),
+        strings(&["validator", "--hold"])
+    );
+    assert_eq!(main.lifecycle, None, "the process removes the files itself");
+    let probe = main
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.exec.as_ref())
+        .and_then(|e| e.command.clone())
+        .expect("an exec readiness probe");
+    assert_eq!(
+        probe,
+        strings(&[
+            render::GPU_STACK_BIN,
+            "validator",
+            "--wait-only",
+            "--component",
+            "driver,toolkit,cuda,plugin",
+            "--timeout",
+            "0",
+            "--poll-interval-ms",
+            "5000"
+        ])
+    );
+}
