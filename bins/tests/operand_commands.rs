@@ -5,8 +5,9 @@
 //!   Kubernetes client and no kubeconfig, and returns once the file appears;
 //! - the validator pod's readiness probe checks the chain's files once;
 //! - the validator pod's main container (`--hold`) removes the `*-ready`
-//!   files on SIGTERM and exits 0.
-use std::io::{BufRead, BufReader, Read};
+//!   files on SIGTERM and exits 0;
+//! - the node status exporter serves the files as gauges on `/metrics`.
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -151,4 +152,42 @@ fn validator_main_container_removes_the_ready_files_on_sigterm() {
         [".driver-ctr-ready"],
         "only the driver container's own file stays"
     );
+}
+
+#[test]
+fn node_status_exporter_serves_the_status_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("driver-ready"), "x").unwrap();
+    let main = pod(Component::NodeStatusExporter).containers.remove(0);
+    let args = main.args.unwrap();
+    assert_eq!(args[0], "node-status-exporter");
+    let local = replace(&args, "0.0.0.0:8000", "127.0.0.1:0");
+    let mut child = gpu_stack(&local, dir.path())
+        .env("NODE_NAME", "gpu-7")
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("serving validation status on http://")
+        .and_then(|s| s.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(
+        body.contains("gpu_operator_node_driver_ready{node=\"gpu-7\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("gpu_operator_node_plugin_ready{node=\"gpu-7\"} 0"),
+        "{body}"
+    );
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(wait_exit(&mut child, Duration::from_secs(30)).success());
 }

@@ -4,8 +4,8 @@
 //!   desired-state function and the reconcile loop over the [`cluster::Cluster`]
 //!   seam (in-memory and kube implementations); [`controller`] and [`leader`] run
 //!   it on a real cluster.
-//! - [`deviceplugin`], [`podresources`], [`exporter`], [`migmanager`]: the node
-//!   agents' kubelet protocols and loops.
+//! - [`deviceplugin`], [`podresources`], [`exporter`], [`migmanager`],
+//!   [`validator`], [`node_status`]: the node agents' kubelet protocols and loops.
 //! - [`demo`]: the operator and agents against an in-memory cluster and simulated GPUs.
 //! - [`nodediscovery`]: the agent that writes NFD's node labels where NFD is not installed.
 //!
@@ -25,6 +25,7 @@ pub mod exporter;
 pub mod kubelet_standin;
 pub mod leader;
 pub mod migmanager;
+pub mod node_status;
 pub mod nodediscovery;
 pub mod operator;
 pub mod operator_metrics;

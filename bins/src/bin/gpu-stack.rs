@@ -1,4 +1,5 @@
-//! `gpu-stack`: MIG planning, GPU inventory and the embedded demo.
+//! `gpu-stack`: MIG planning, GPU inventory, the embedded demo, and the
+//! validator and node status exporter of the operator's validator image.
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +25,10 @@ enum Command {
     Crdgen(cli::crdgen::Args),
     /// Check the driver, toolkit, CUDA and device plugin on this node and write the validation status files.
     Validator(cli::validator::Args),
+    /// Write the NFD labels the operator reads (PCI, OS, kernel) on this node where NFD is not installed.
+    NodeDiscovery(cli::node_discovery::Args),
+    /// Serve this node's validation status as Prometheus gauges on /metrics.
+    NodeStatusExporter(cli::node_status_exporter::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +39,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => cli::demo::run(args),
         Command::Crdgen(args) => cli::crdgen::run(args),
         Command::Validator(args) => cli::validator::run(args),
+        Command::NodeDiscovery(args) => cli::node_discovery::run(args),
+        Command::NodeStatusExporter(args) => cli::node_status_exporter::run(args),
     };
     match result {
         Ok(code) => code,

@@ -4,4 +4,6 @@ pub mod demo;
 pub mod gpus;
 pub mod mig;
 pub mod mig_apply;
+pub mod node_discovery;
+pub mod node_status_exporter;
 pub mod validator;

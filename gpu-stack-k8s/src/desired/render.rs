@@ -9,10 +9,11 @@ use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMap, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, ExecAction,
-    HostPathVolumeSource, Lifecycle, LifecycleHandler, Namespace, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec, PodTemplateSpec,
-    Probe, ResourceRequirements, SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount,
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    ExecAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, Namespace, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, ServiceAccount, Toleration,
+    Volume, VolumeMount,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
@@ -35,6 +36,8 @@ pub const PRECOMPILED_LABEL: &str = "nvidia.com/precompiled";
 /// The entrypoint of the validator image (`gpu-stack`), for exec probes:
 /// the image is distroless, there is no shell to find it.
 pub const GPU_STACK_BIN: &str = "/usr/bin/gpu-stack";
+/// Port of the node status exporter's `/metrics` (NVIDIA's node-status port).
+pub const NODE_STATUS_PORT: i32 = 8000;
 
 /// Common context of every rendered object.
 pub struct RenderContext<'a> {
@@ -829,6 +832,21 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                 timeout_seconds: Some(5),
                 ..Default::default()
             });
+        }
+        Component::NodeStatusExporter => {
+            main.args = Some(with_user_args(
+                vec![
+                    "node-status-exporter".into(),
+                    "--listen".into(),
+                    format!("0.0.0.0:{NODE_STATUS_PORT}"),
+                ],
+                main.args.take(),
+            ));
+            main.ports = Some(vec![ContainerPort {
+                name: Some("node-status".into()),
+                container_port: NODE_STATUS_PORT,
+                ..Default::default()
+            }]);
         }
         _ => {}
     }

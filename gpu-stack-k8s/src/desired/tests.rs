@@ -202,3 +202,35 @@ fn validator_holds_and_is_ready_while_its_status_files_exist() {
         ])
     );
 }
+
+#[test]
+fn node_status_exporter_runs_its_subcommand_on_its_port() {
+    let policy = policy_with(serde_json::json!({
+        "nodeStatusExporter": {"enabled": true, "args": ["--log-format", "json"]}
+    }));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::NodeStatusExporter, None);
+    let main = &pod_of(&ds).containers[0];
+    assert_eq!(
+        main.args.clone().unwrap_or_default(),
+        strings(&[
+            "node-status-exporter",
+            "--listen",
+            "0.0.0.0:8000",
+            "--log-format",
+            "json"
+        ])
+    );
+    let port = &main.ports.as_ref().expect("a port")[0];
+    assert_eq!(port.container_port, render::NODE_STATUS_PORT);
+    assert_eq!(port.name.as_deref(), Some("node-status"));
+    assert!(
+        main.env
+            .iter()
+            .flatten()
+            .any(|e| e.name == "NODE_NAME" && e.value_from.is_some())
+    );
+}
