@@ -461,6 +461,55 @@ fn reconcile_loop_converges_and_goes_ready() {
     }
 }
 
+#[test]
+fn gpu_nodes_tainted_against_the_operands_leave_the_policy_ready() {
+    // Every GPU node carries a NoSchedule taint no operand tolerates (the
+    // default tolerations cover `nvidia.com/gpu` only): each DaemonSet's
+    // controller rightly schedules nothing, and reports 0 of 0.
+    let cluster = InMemoryCluster::new();
+    for mut n in fleet_nodes(MIXED) {
+        if !n.metadata.name.as_deref().unwrap_or("").starts_with("cpu-") {
+            n.spec.get_or_insert_with(Default::default).taints = Some(vec![
+                k8s_openapi::api::core::v1::Taint {
+                    key: "dedicated".into(),
+                    value: Some("training".into()),
+                    effect: "NoSchedule".into(),
+                    ..Default::default()
+                },
+                k8s_openapi::api::core::v1::Taint {
+                    key: "spot".into(),
+                    effect: "PreferNoSchedule".into(),
+                    ..Default::default()
+                },
+            ]);
+        }
+        cluster.upsert_node(n);
+    }
+    cluster.upsert_policy(policy("cluster-policy", serde_json::json!({}), 100));
+    let op = Operator::new(cluster);
+    block_on(op.converge(5)).unwrap();
+    op.cluster().settle();
+    block_on(op.converge(5)).unwrap();
+    let daemonsets: Vec<_> = op
+        .cluster()
+        .objects()
+        .into_iter()
+        .filter_map(|o| o.as_daemonset().cloned())
+        .collect();
+    assert!(!daemonsets.is_empty());
+    for ds in &daemonsets {
+        let st = ds.status.as_ref().unwrap();
+        assert_eq!(st.desired_number_scheduled, 0, "{:?}", ds.metadata.name);
+    }
+    let st = op
+        .cluster()
+        .policy("cluster-policy")
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(st.state, state::READY, "{st:?}");
+}
+
 // ---- properties ----
 
 fn arb_node(i: usize) -> impl Strategy<Value = Node> {

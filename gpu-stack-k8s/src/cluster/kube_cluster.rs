@@ -8,7 +8,8 @@
 //!   them. (Owning the Namespace would let garbage collection delete the
 //!   operator's own namespace.)
 //! - Reads come from the watch caches ([`Caches`]), never from a list per
-//!   pass; nodes are never cached whole, so a Node here has metadata only.
+//!   pass; nodes are never cached whole, so a Node here has its name,
+//!   labels and taints only.
 //! - Node labels are changed with a JSON merge patch of `metadata.labels`,
 //!   touching no other field and no label we did not name.
 use std::collections::HashMap;
@@ -22,7 +23,6 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource};
 use serde::Serialize;
@@ -205,8 +205,8 @@ where
 }
 
 impl Cluster for KubeCluster {
-    /// Shared with the watch cache: a pass copies no node.
-    type Node = Arc<PartialObjectMeta<Node>>;
+    /// Shared with the watch cache (stripped nodes): a pass copies no node.
+    type Node = Arc<Node>;
 
     async fn list_nodes(&self) -> Result<Vec<Self::Node>, ClusterError> {
         self.catch_up_with_label_writes().await;

@@ -1,7 +1,8 @@
 //! Which nodes a pod template lands on: node selectors, required node
 //! affinity (match expressions and `metadata.name` match fields), and
-//! taints/tolerations. Used by the in-memory cluster and by tests that check
-//! no DaemonSet ever selects a CPU-only node.
+//! taints/tolerations. Used by the in-memory cluster, by the desired state
+//! (which nodes a DaemonSet reporting no pods should have pods on), and by
+//! tests that check no DaemonSet ever selects a CPU-only node.
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, PodSpec, Taint, Toleration};
@@ -97,20 +98,23 @@ pub fn pod_selects_node(spec: &PodSpec, name: &str, labels: &BTreeMap<String, St
 
 /// Whether a pod tolerates every NoSchedule/NoExecute taint of the node.
 fn pod_tolerates_node(spec: &PodSpec, node: &Node) -> bool {
-    let tolerations = spec.tolerations.as_deref().unwrap_or(&[]);
-    for taint in node
+    let taints = node
         .spec
         .as_ref()
         .and_then(|s| s.taints.as_deref())
-        .unwrap_or(&[])
-    {
-        if (taint.effect == "NoSchedule" || taint.effect == "NoExecute")
-            && !tolerations.iter().any(|t| tolerates(t, taint))
-        {
-            return false;
-        }
-    }
-    true
+        .unwrap_or(&[]);
+    pod_tolerates_taints(spec, taints)
+}
+
+/// Whether a pod tolerates every NoSchedule and NoExecute taint in `taints`,
+/// as the DaemonSet controller decides where its pods go (PreferNoSchedule
+/// taints do not keep a DaemonSet pod off a node).
+pub fn pod_tolerates_taints(spec: &PodSpec, taints: &[Taint]) -> bool {
+    let tolerations = spec.tolerations.as_deref().unwrap_or(&[]);
+    taints.iter().all(|taint| {
+        !(taint.effect == "NoSchedule" || taint.effect == "NoExecute")
+            || tolerations.iter().any(|t| tolerates(t, taint))
+    })
 }
 
 /// Whether labels match a `LabelSelector` (match labels and expressions).
@@ -202,6 +206,59 @@ mod tests {
         assert!(!pod_fits_node(
             &spec,
             &node("g3", &[("a", "false")], vec![])
+        ));
+    }
+
+    fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            value: value.map(Into::into),
+            effect: effect.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_no_schedule_and_no_execute_taints_keep_a_pod_off() {
+        let spec = PodSpec {
+            tolerations: Some(vec![Toleration {
+                key: Some("nvidia.com/gpu".into()),
+                operator: Some("Exists".into()),
+                effect: Some("NoSchedule".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        assert!(pod_tolerates_taints(&spec, &[]));
+        assert!(pod_tolerates_taints(
+            &spec,
+            &[taint("nvidia.com/gpu", None, "NoSchedule")]
+        ));
+        assert!(pod_tolerates_taints(
+            &spec,
+            &[taint("dedicated", Some("ml"), "PreferNoSchedule")]
+        ));
+        assert!(!pod_tolerates_taints(
+            &spec,
+            &[taint("dedicated", Some("ml"), "NoSchedule")]
+        ));
+        assert!(!pod_tolerates_taints(
+            &spec,
+            &[taint("nvidia.com/gpu", None, "NoExecute")]
+        ));
+        let everything = PodSpec {
+            tolerations: Some(vec![Toleration {
+                operator: Some("Exists".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        assert!(pod_tolerates_taints(
+            &everything,
+            &[
+                taint("dedicated", Some("ml"), "NoSchedule"),
+                taint("node.kubernetes.io/unreachable", None, "NoExecute"),
+            ]
         ));
     }
 }

@@ -1,23 +1,24 @@
 //! The operator's view of the cluster, kept current by watches, so that a
-//! reconcile pass reads memory and never lists: node metadata (labels only),
-//! the ClusterPolicies (the controller's own store), and every object the
-//! operator owns (one label-filtered watch per kind).
+//! reconcile pass reads memory and never lists: nodes (name, labels and
+//! taints only), the ClusterPolicies (the controller's own store), and every
+//! object the operator owns (one label-filtered watch per kind).
 //!
 //! Each watch also yields a trigger when something it sees changes (an owned
 //! object edited or deleted by someone else, a DaemonSet's rollout status, a
-//! node's labels), which the controller turns into a debounced pass.
+//! node's labels or taints), which the controller turns into a debounced pass.
+use std::collections::hash_map::DefaultHasher;
 use std::fmt::Debug;
+use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, NodeSpec, ServiceAccount, Taint};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
@@ -25,10 +26,11 @@ use crate::cluster::Object;
 use crate::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::clusterpolicy::ClusterPolicy;
 
-/// Node metadata the operator keeps: name, uid, resource version and labels
-/// (no spec, status, annotations or managed fields), shared with the
-/// reconcile pass so it never lists nodes itself.
-pub type NodeStore = Store<PartialObjectMeta<Node>>;
+/// Nodes as the operator keeps them: name, uid, resource version, labels
+/// and taints (no other spec field, no status, annotations or managed
+/// fields; see [`strip_node`]), shared with the reconcile pass so it never
+/// lists nodes itself.
+pub type NodeStore = Store<Node>;
 
 /// How long a pass waits for the watches' first lists before it fails (and
 /// is retried with backoff): long enough for a large cluster's first list,
@@ -38,33 +40,76 @@ pub const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 /// Nodes per page of the node watch's list.
 pub const NODE_LIST_PAGE: u32 = 100;
 
-/// Starts the metadata-only node watch and returns its store plus the stream
-/// that must be polled to keep it fed; every item is a node whose labels
+/// Cuts a node down to what the operator reads before it is stored: its
+/// name, uid, resource version, labels and taints. The status (images,
+/// conditions, addresses), the rest of the spec, annotations and managed
+/// fields would be nearly all of what a 1,000-node store holds.
+pub fn strip_node(node: &mut Node) {
+    let meta = &mut node.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    node.status = None;
+    let taints = node
+        .spec
+        .take()
+        .and_then(|s| s.taints)
+        .filter(|t| !t.is_empty());
+    node.spec = taints.map(|taints| NodeSpec {
+        taints: Some(
+            taints
+                .into_iter()
+                // Only key, value and effect decide where a pod goes.
+                .map(|t| Taint {
+                    time_added: None,
+                    ..t
+                })
+                .collect(),
+        ),
+        ..NodeSpec::default()
+    });
+}
+
+/// A hash of what the operator reads of a node (labels and taints), so the
+/// node watch triggers a pass only when one of them changed, not on every
+/// status heartbeat.
+pub fn node_fingerprint(node: &Node) -> Option<u64> {
+    let mut h = DefaultHasher::new();
+    node.metadata.labels.hash(&mut h);
+    for t in node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or(&[])
+    {
+        (&t.key, &t.value, &t.effect).hash(&mut h);
+    }
+    Some(h.finish())
+}
+
+/// Starts the node watch and returns its store plus the stream that must be
+/// polled to keep it fed; every item is a node whose labels or taints
 /// changed (or that joined or left).
-pub fn node_watch(
-    client: Client,
-) -> (
-    NodeStore,
-    impl Stream<Item = PartialObjectMeta<Node>> + Send + 'static,
-) {
+///
+/// Taints live in the spec, which a metadata-only watch does not carry, so
+/// this watches whole nodes but stores each one stripped (see
+/// [`strip_node`]): the store stays as small as a metadata-only one, and a
+/// node's full object lives only while one event or one list page of
+/// [`NODE_LIST_PAGE`] nodes is decoded.
+pub fn node_watch(client: Client) -> (NodeStore, impl Stream<Item = Node> + Send + 'static) {
     let (store, writer) = reflector::store();
-    // `Api<PartialObjectMeta<_>>` makes metadata-only list and watch requests.
-    let api: Api<PartialObjectMeta<Node>> = Api::all(client);
+    let api: Api<Node> = Api::all(client);
     // Small pages from a consistent list: a cached (`any`) list ignores the
     // page size, and a whole large cluster in one response is the operator's
     // peak memory.
     let config = watcher::Config::default().page_size(NODE_LIST_PAGE);
     let stream = watcher(api, config)
         .default_backoff()
-        // Only labels are read; the rest of a node's metadata (managed fields
-        // above all) would be most of what a 1,000-node store holds.
-        .modify(|meta: &mut PartialObjectMeta<Node>| {
-            meta.metadata.managed_fields = None;
-            meta.metadata.annotations = None;
-        })
+        .modify(strip_node)
         .reflect(writer)
         .touched_objects()
-        .predicate_filter(predicates::labels, Default::default())
+        .predicate_filter(node_fingerprint, Default::default())
         .filter_map(|r| future::ready(logged("Node", r)));
     (store, stream)
 }
@@ -160,7 +205,7 @@ impl OwnedStores {
 /// What a reconcile pass reads, all from watch caches.
 #[derive(Clone)]
 pub struct Caches {
-    /// Node metadata.
+    /// Nodes: name, labels and taints.
     pub nodes: NodeStore,
     /// ClusterPolicies (the controller's store).
     pub policies: Store<ClusterPolicy>,
@@ -229,4 +274,88 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     out.extend(store.state().iter().map(|o| wrap(K::clone(o))));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeStatus, Taint};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
+
+    fn full_node(taints: Option<Vec<Taint>>) -> Node {
+        let mut n: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "gpu-1",
+                "uid": "u-1",
+                "resourceVersion": "7",
+                "labels": {"nvidia.com/gpu.present": "true"},
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            },
+            "spec": {"podCIDR": "10.0.0.0/24", "providerID": "kwok://gpu-1"},
+            "status": {"capacity": {"nvidia.com/gpu": "8"}},
+        }))
+        .expect("a valid Node");
+        n.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        if let Some(spec) = n.spec.as_mut() {
+            spec.taints = taints;
+        }
+        n
+    }
+
+    fn taint(key: &str, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            value: Some("v".into()),
+            effect: effect.into(),
+            time_added: Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+        }
+    }
+
+    #[test]
+    fn a_stored_node_keeps_name_labels_and_taints_only() {
+        let mut n = full_node(Some(vec![taint("dedicated", "NoSchedule")]));
+        strip_node(&mut n);
+        let expected = Node {
+            metadata: ObjectMeta {
+                name: Some("gpu-1".into()),
+                uid: Some("u-1".into()),
+                resource_version: Some("7".into()),
+                labels: Some([("nvidia.com/gpu.present".to_string(), "true".to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(vec![Taint {
+                    time_added: None,
+                    ..taint("dedicated", "NoSchedule")
+                }]),
+                ..NodeSpec::default()
+            }),
+            status: None,
+        };
+        assert_eq!(n, expected);
+        let mut untainted = full_node(None);
+        strip_node(&mut untainted);
+        assert_eq!(untainted.spec, None);
+        assert_eq!(untainted.status, None::<NodeStatus>);
+    }
+
+    #[test]
+    fn the_fingerprint_follows_labels_and_taints_not_status() {
+        let base = full_node(None);
+        let mut heartbeat = base.clone();
+        heartbeat.metadata.resource_version = Some("8".into());
+        heartbeat.status = Some(NodeStatus::default());
+        assert_eq!(node_fingerprint(&base), node_fingerprint(&heartbeat));
+        let tainted = full_node(Some(vec![taint("dedicated", "NoSchedule")]));
+        assert_ne!(node_fingerprint(&base), node_fingerprint(&tainted));
+        let other_effect = full_node(Some(vec![taint("dedicated", "NoExecute")]));
+        assert_ne!(node_fingerprint(&tainted), node_fingerprint(&other_effect));
+        let mut relabelled = base.clone();
+        relabelled
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("nvidia.com/gpu.deploy.driver".into(), "true".into());
+        assert_ne!(node_fingerprint(&base), node_fingerprint(&relabelled));
+    }
 }

@@ -16,12 +16,12 @@ use gpu_stack_core::operator::labels::{
     GPU_PRODUCT, LabelPatch, LabelPolicy, Labels, NFD_KERNEL, NFD_OS_ID, NFD_OS_VERSION,
     NFD_OS_VERSION_MAJOR, NodeFacts, apply_patch, deploy_label_patch,
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
 use crate::cluster::object::{HASH_ANNOTATION, Object, ObjectKey};
-use crate::cluster::selector::pod_selects_node;
+use crate::cluster::selector::{pod_selects_node, pod_tolerates_taints};
 use crate::clusterpolicy::{
     ClusterPolicy, ClusterPolicyStatus, Condition, DEFAULT_NAMESPACE, RefusedNode, state,
 };
@@ -206,30 +206,37 @@ fn node_name(n: &impl NodeMeta) -> String {
     n.node_metadata().name.clone().unwrap_or_default()
 }
 
-/// A node as the desired state reads it: metadata only (name and labels).
-/// Implemented for whole Nodes and for the metadata-only nodes of a watch
-/// cache, shared or not, so a large cluster's nodes need not be copied for a
-/// pass.
+/// A node as the desired state reads it: its metadata (name and labels)
+/// and its taints, nothing else. Implemented for Nodes, whole or stripped
+/// down to just that (the operator's node cache), shared or not, so a large
+/// cluster's nodes need not be copied for a pass.
 pub trait NodeMeta {
     /// The node's metadata.
     fn node_metadata(&self) -> &ObjectMeta;
+    /// The node's taints (`spec.taints`).
+    fn node_taints(&self) -> &[Taint];
 }
 
 impl NodeMeta for Node {
     fn node_metadata(&self) -> &ObjectMeta {
         &self.metadata
     }
-}
 
-impl NodeMeta for kube::core::PartialObjectMeta<Node> {
-    fn node_metadata(&self) -> &ObjectMeta {
-        &self.metadata
+    fn node_taints(&self) -> &[Taint] {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_deref())
+            .unwrap_or(&[])
     }
 }
 
 impl<T: NodeMeta> NodeMeta for std::sync::Arc<T> {
     fn node_metadata(&self) -> &ObjectMeta {
         T::node_metadata(self)
+    }
+
+    fn node_taints(&self) -> &[Taint] {
+        T::node_taints(self)
     }
 }
 
@@ -246,10 +253,10 @@ pub fn gpu_node_census(nodes: &[impl NodeMeta]) -> (usize, bool) {
 /// Readiness of a DaemonSet status, as the NVIDIA operator judges it, but
 /// never on a status that predates the nodes the DaemonSet selects.
 ///
-/// `selected` counts the nodes the DaemonSet's node selector matches (asked
-/// only for a DaemonSet reporting no pods wanted, as matching every node is
-/// most of a pass's work). Such a DaemonSet is ready only if no node is
-/// selected: right after it is created, or after the labels its selector
+/// `selected` counts the nodes the DaemonSet's controller would put a pod on
+/// (asked only for a DaemonSet reporting no pods wanted, as matching every
+/// node is most of a pass's work). Such a DaemonSet is ready only if there
+/// is none: right after it is created, or after the labels its selector
 /// reads were set, its status says 0 of 0 until its controller catches up.
 fn daemonset_ready(obj: &Object, selected: impl FnOnce() -> usize) -> bool {
     let Some(ds) = obj.as_daemonset() else {
@@ -270,9 +277,12 @@ fn daemonset_ready(obj: &Object, selected: impl FnOnce() -> usize) -> bool {
         && st.number_available.unwrap_or(0) == desired
 }
 
-/// How many of `nodes` (name, labels) a DaemonSet's node selector and
-/// required node affinity accept.
-fn selected_nodes(obj: &Object, nodes: &[(String, Cow<'_, Labels>)]) -> usize {
+/// How many of `nodes` (name, labels, with their `taints`) a DaemonSet's
+/// controller would put a pod on: its node selector and required node
+/// affinity accept the node, and its pods tolerate the node's NoSchedule and
+/// NoExecute taints (a node it cannot tolerate never gets a pod, so it must
+/// not hold the DaemonSet's readiness back).
+fn selected_nodes(obj: &Object, nodes: &[(String, Cow<'_, Labels>)], taints: &[&[Taint]]) -> usize {
     let Some(pod) = obj
         .as_daemonset()
         .and_then(|d| d.spec.as_ref())
@@ -282,7 +292,10 @@ fn selected_nodes(obj: &Object, nodes: &[(String, Cow<'_, Labels>)]) -> usize {
     };
     nodes
         .iter()
-        .filter(|(name, labels)| pod_selects_node(pod, name, labels))
+        .zip(taints)
+        .filter(|((name, labels), taints)| {
+            pod_selects_node(pod, name, labels) && pod_tolerates_taints(pod, taints)
+        })
         .count()
 }
 
@@ -360,6 +373,7 @@ pub fn desired_state(
         };
         effective.push((node_name(n), labels));
     }
+    let taints: Vec<&[Taint]> = nodes.iter().map(|n| n.node_taints()).collect();
     let facts: Vec<NodeFacts> = effective
         .iter()
         .map(|(_, l)| NodeFacts::from_labels(l))
@@ -433,7 +447,7 @@ pub fn desired_state(
         match current_by_key.get(&key) {
             Some(cur) if cur.spec_hash() == Some(hash.as_str()) => {
                 unchanged += 1;
-                if !daemonset_ready(cur, || selected_nodes(obj, &effective)) {
+                if !daemonset_ready(cur, || selected_nodes(obj, &effective, &taints)) {
                     not_ready.push(key.name.clone());
                 }
             }

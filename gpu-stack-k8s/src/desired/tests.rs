@@ -42,17 +42,88 @@ fn a_daemonset_wanting_no_pods_is_ready_only_if_it_selects_no_node() {
         labelled("gpu-2", &[("deploy", "true")]),
         labelled("cpu-1", &[("deploy", "false")]),
     ];
+    let untainted: Vec<&[Taint]> = vec![&[]; nodes.len()];
     let fresh = daemonset_selecting(&[("deploy", "true")], 0, 0);
-    assert_eq!(selected_nodes(&fresh, &nodes), 2);
-    assert!(!daemonset_ready(&fresh, || selected_nodes(&fresh, &nodes)));
+    assert_eq!(selected_nodes(&fresh, &nodes, &untainted), 2);
+    assert!(!daemonset_ready(&fresh, || selected_nodes(
+        &fresh, &nodes, &untainted
+    )));
     let nowhere = daemonset_selecting(&[("deploy", "nowhere")], 0, 0);
     assert!(daemonset_ready(&nowhere, || selected_nodes(
-        &nowhere, &nodes
+        &nowhere, &nodes, &untainted
     )));
     let rolled_out = daemonset_selecting(&[("deploy", "true")], 2, 2);
     assert!(daemonset_ready(&rolled_out, || 2));
     let rolling = daemonset_selecting(&[("deploy", "true")], 2, 1);
     assert!(!daemonset_ready(&rolling, || 2));
+}
+
+fn taint(key: &str, effect: &str) -> Taint {
+    Taint {
+        key: key.into(),
+        value: Some("x".into()),
+        effect: effect.into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn selected_nodes_whose_taints_are_not_tolerated_hold_no_daemonset_back() {
+    let nodes = vec![
+        labelled("gpu-1", &[("deploy", "true")]),
+        labelled("gpu-2", &[("deploy", "true")]),
+    ];
+    let fresh = daemonset_selecting(&[("deploy", "true")], 0, 0);
+    let no_schedule = [taint("dedicated", "NoSchedule")];
+    let no_execute = [taint("maintenance", "NoExecute")];
+    let prefer = [taint("dedicated", "PreferNoSchedule")];
+    // Every selected node is tainted away: 0 of 0 is the truth, and ready.
+    let tainted: Vec<&[Taint]> = vec![&no_schedule, &no_execute];
+    assert_eq!(selected_nodes(&fresh, &nodes, &tainted), 0);
+    assert!(daemonset_ready(&fresh, || selected_nodes(
+        &fresh, &nodes, &tainted
+    )));
+    // PreferNoSchedule does not keep a DaemonSet pod off: still waiting.
+    let preferred: Vec<&[Taint]> = vec![&no_schedule, &prefer];
+    assert_eq!(selected_nodes(&fresh, &nodes, &preferred), 1);
+    assert!(!daemonset_ready(&fresh, || selected_nodes(
+        &fresh, &nodes, &preferred
+    )));
+}
+
+proptest::proptest! {
+    /// For any taints on any selected nodes, a DaemonSet reporting 0 of 0 is
+    /// ready exactly when none of those nodes is free of NoSchedule and
+    /// NoExecute taints (the pod template here tolerates nothing).
+    #[test]
+    fn zero_of_zero_is_ready_iff_no_selected_node_is_schedulable(
+        effects in proptest::collection::vec(
+            proptest::collection::vec(
+                proptest::sample::select(vec!["NoSchedule", "NoExecute", "PreferNoSchedule"]),
+                0..3,
+            ),
+            1..6,
+        ),
+    ) {
+        let nodes: Vec<(String, Cow<'static, Labels>)> = (0..effects.len())
+            .map(|i| labelled(&format!("gpu-{i}"), &[("deploy", "true")]))
+            .collect();
+        let taints: Vec<Vec<Taint>> = effects
+            .iter()
+            .map(|es| es.iter().map(|e| taint("k", e)).collect())
+            .collect();
+        let views: Vec<&[Taint]> = taints.iter().map(Vec::as_slice).collect();
+        let fresh = daemonset_selecting(&[("deploy", "true")], 0, 0);
+        let schedulable = effects
+            .iter()
+            .filter(|es| es.iter().all(|e| *e == "PreferNoSchedule"))
+            .count();
+        proptest::prop_assert_eq!(selected_nodes(&fresh, &nodes, &views), schedulable);
+        proptest::prop_assert_eq!(
+            daemonset_ready(&fresh, || selected_nodes(&fresh, &nodes, &views)),
+            schedulable == 0
+        );
+    }
 }
 
 fn policy_with(spec: serde_json::Value) -> ClusterPolicy {
