@@ -62,6 +62,18 @@ fn start_plugin(
     settings: Settings,
     quiet_ms: u64,
 ) -> (Plugin, NodeGpus) {
+    start_plugin_probing(dir, backend, settings, quiet_ms, Duration::from_millis(50))
+}
+
+/// Like [`start_plugin`], with the probe tick (health probes, registration
+/// retries and the check for lost directory events) every `probe_interval`.
+fn start_plugin_probing(
+    dir: &Path,
+    backend: Arc<SimulatedBackend>,
+    settings: Settings,
+    quiet_ms: u64,
+    probe_interval: Duration,
+) -> (Plugin, NodeGpus) {
     let node = read_node_gpus(backend.as_ref(), None).unwrap();
     let resources = node_resources(&node, &settings).unwrap();
     let options = PluginOptions {
@@ -71,7 +83,7 @@ fn start_plugin(
             recovery_quiet_ms: quiet_ms,
             ..HealthPolicy::default()
         },
-        probe_interval: Duration::from_millis(50),
+        probe_interval,
     };
     let dyn_backend: Arc<dyn GpuBackend> = backend;
     let plugins = DevicePlugins::new(resources.clone(), settings, Default::default(), options)
@@ -352,6 +364,104 @@ async fn kubelet_restart_leads_to_reregistration() {
     );
     // The new endpoint serves Allocate.
     let ids = kubelet.view().healthy("nvidia.com/gpu");
+    kubelet.allocate("nvidia.com/gpu", &ids[..1]).await.unwrap();
+    plugin.stop().await;
+    kubelet.stop().await;
+}
+
+/// No probe tick during the test (the first one fires at start): what the
+/// plugin does, it does on the directory's events.
+const NO_TICKS: Duration = Duration::from_secs(3600);
+
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_restart_reregisters_on_the_socket_creation_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut kubelet = KubeletStandin::start(dir.path()).await.unwrap();
+    let (plugin, _) = start_plugin_probing(
+        dir.path(),
+        backend(),
+        settings("none", "envvar"),
+        60_000,
+        NO_TICKS,
+    );
+    kubelet
+        .wait_for("first registration", WAIT, |v| {
+            registered(v, "nvidia.com/gpu", 1)
+        })
+        .await
+        .unwrap();
+    // Twice: the new kubelet.sock often gets the inode number of the one
+    // just removed, which an inode comparison would take for the old socket.
+    for generation in [2, 3] {
+        let before = inode(&kubelet.socket_path());
+        kubelet.restart().await.unwrap();
+        let v = kubelet
+            .wait_for("re-registration", WAIT, |v| {
+                registered(v, "nvidia.com/gpu", generation)
+            })
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{e} (kubelet.sock inode {before} -> {})",
+                    inode(&kubelet.socket_path())
+                )
+            });
+        assert!(dir.path().join("nvidia-gpu.sock").exists());
+        // One registration per kubelet start: removals and the creation are
+        // acted on together.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let count = kubelet
+            .view()
+            .registrations
+            .iter()
+            .filter(|r| r.resource == "nvidia.com/gpu")
+            .count();
+        assert_eq!(count as u64, generation, "{:?}", v.registrations);
+    }
+    let ids = kubelet.view().healthy("nvidia.com/gpu");
+    kubelet.allocate("nvidia.com/gpu", &ids[..1]).await.unwrap();
+    plugin.stop().await;
+    kubelet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_plugin_socket_is_served_again_and_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = KubeletStandin::start(dir.path()).await.unwrap();
+    let (plugin, _) = start_plugin_probing(
+        dir.path(),
+        backend(),
+        settings("none", "envvar"),
+        60_000,
+        NO_TICKS,
+    );
+    kubelet
+        .wait_for("first registration", WAIT, |v| {
+            registered(v, "nvidia.com/gpu", 1)
+        })
+        .await
+        .unwrap();
+    let socket = dir.path().join("nvidia-gpu.sock");
+    std::fs::remove_file(&socket).unwrap();
+    let v = kubelet
+        .wait_for("registration of the new socket", WAIT, |v| {
+            v.registrations
+                .iter()
+                .filter(|r| r.resource == "nvidia.com/gpu")
+                .count()
+                == 2
+                && !v.disconnected.iter().any(|r| r == "nvidia.com/gpu")
+        })
+        .await
+        .unwrap();
+    assert!(socket.exists());
+    assert_eq!(v.devices["nvidia.com/gpu"].len(), 8);
+    let ids = v.healthy("nvidia.com/gpu");
     kubelet.allocate("nvidia.com/gpu", &ids[..1]).await.unwrap();
     plugin.stop().await;
     kubelet.stop().await;

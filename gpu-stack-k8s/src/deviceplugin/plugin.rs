@@ -1,8 +1,15 @@
 //! Running the device plugins of a node: one gRPC server per resource on
 //! `<kubelet-dir>/nvidia-<name>.sock`, served before registering with the
-//! kubelet; re-registration when the kubelet restarts (its `kubelet.sock` is
-//! created again, or our socket disappeared); health updates pushed to every
-//! `ListAndWatch` stream; clean stop on shutdown.
+//! kubelet; health updates pushed to every `ListAndWatch` stream; clean stop
+//! on shutdown.
+//!
+//! Re-registration follows the kubelet's directory (inotify): a kubelet that
+//! starts removes every socket there and creates `kubelet.sock` anew, maybe
+//! with the inode number the old one had, so any creation of `kubelet.sock`
+//! means registering again, and a removed plugin socket means serving it
+//! again (then registering). Events are gathered for [`DIR_SETTLE`] and acted
+//! on once, so a kubelet restart (removals, then the creation) leads to one
+//! registration. A check on each probe tick catches lost events.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -29,6 +36,88 @@ pub const KUBELET_SOCKET: &str = "kubelet.sock";
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
 /// API version sent in `Register`.
 pub const API_VERSION: &str = "v1beta1";
+/// How long changes in the kubelet directory are gathered before the
+/// plugins act on them.
+pub const DIR_SETTLE: Duration = Duration::from_millis(100);
+
+/// What changed in the kubelet directory since the plugins last acted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DirChanges {
+    /// `kubelet.sock` was created (or renamed into place): a kubelet
+    /// started, whatever inode number its socket got.
+    pub kubelet_created: bool,
+    /// One of the plugins' own sockets was removed (the kubelet removes them
+    /// when it starts) or renamed away.
+    pub plugin_socket_removed: bool,
+    /// Events may have been lost (the watcher asked for a rescan).
+    pub rescan: bool,
+}
+
+impl DirChanges {
+    /// Records what `event` says about `kubelet_sock` and the plugins'
+    /// sockets `ours`.
+    pub fn note(&mut self, event: &notify::Event, kubelet_sock: &Path, ours: &[PathBuf]) {
+        use notify::EventKind;
+        use notify::event::{ModifyKind, RenameMode};
+        if event.need_rescan() {
+            self.rescan = true;
+        }
+        let (created, removed) = match event.kind {
+            EventKind::Create(_) => (true, false),
+            EventKind::Remove(_) => (false, true),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)) => (true, false),
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)) => (false, true),
+            // A rename reported as one event: the first path left, the second arrived.
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+                if let [from, to] = event.paths.as_slice() {
+                    self.kubelet_created |= to == kubelet_sock;
+                    self.plugin_socket_removed |= ours.contains(from);
+                }
+                return;
+            }
+            _ => (false, false),
+        };
+        for p in &event.paths {
+            self.kubelet_created |= created && p == kubelet_sock;
+            self.plugin_socket_removed |= removed && ours.contains(p);
+        }
+    }
+
+    /// Whether anything was recorded.
+    pub fn any(&self) -> bool {
+        self.kubelet_created || self.plugin_socket_removed || self.rescan
+    }
+}
+
+/// What the plugins do about directory changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirAction {
+    /// Nothing to do (for example the plugins' own socket re-creation).
+    Nothing,
+    /// Register again with the kubelet, over the sockets already served.
+    Register,
+    /// Serve the sockets again (one is gone), then register.
+    Restart,
+}
+
+/// Decides what to do about `changes`, given whether one of the plugins'
+/// sockets is missing now, whether `kubelet.sock` exists now, and whether
+/// the plugins register at all. A removal event for a socket that exists
+/// again is the plugins' own restart, and changes nothing.
+pub fn dir_action(
+    changes: DirChanges,
+    plugin_socket_missing: bool,
+    kubelet_up: bool,
+    register: bool,
+) -> DirAction {
+    if plugin_socket_missing {
+        DirAction::Restart
+    } else if register && kubelet_up && (changes.kubelet_created || changes.rescan) {
+        DirAction::Register
+    } else {
+        DirAction::Nothing
+    }
+}
 
 /// Errors running the plugins.
 #[derive(Debug, thiserror::Error)]
@@ -209,9 +298,13 @@ impl DevicePlugins {
 
         tokio::pin!(shutdown);
         let kubelet_sock = dir.join(KUBELET_SOCKET);
+        let ours = self.socket_paths();
         let mut ticker = tokio::time::interval(self.options.probe_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut generation = 0u64;
+        // Directory changes gathered until `settle_at`.
+        let mut changes = DirChanges::default();
+        let mut settle_at: Option<tokio::time::Instant> = None;
         'restart: loop {
             generation += 1;
             let running = self.serve_all(&senders)?;
@@ -222,7 +315,18 @@ impl DevicePlugins {
                 true
             };
             tracing::info!(generation, registered, "device plugins serving");
+            // The safety net acts on a condition seen on two ticks in a row
+            // with no directory event between them, so it never races the
+            // events of a change in progress.
+            let mut suspect = false;
             loop {
+                let settle_deadline = settle_at;
+                let settle_sleep = async move {
+                    match settle_deadline {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending::<()>().await,
+                    }
+                };
                 let recovery_at = tracker.next_recovery_ms();
                 let recovery_sleep = async {
                     match recovery_at {
@@ -240,11 +344,29 @@ impl DevicePlugins {
                         return Ok(());
                     }
                     Some(ev) = fs_rx.recv() => {
-                        let about_kubelet = ev.paths.iter().any(|p| p.file_name() == Some(KUBELET_SOCKET.as_ref()));
-                        if about_kubelet && self.options.register && kubelet_restarted(&kubelet_sock, kubelet_id) {
-                            tracing::info!("kubelet socket re-created; restarting plugins and re-registering");
-                            running.shutdown().await;
-                            continue 'restart;
+                        let before = changes;
+                        changes.note(&ev, &kubelet_sock, &ours);
+                        if changes != before {
+                            suspect = false;
+                            settle_at.get_or_insert_with(|| tokio::time::Instant::now() + DIR_SETTLE);
+                        }
+                    }
+                    () = settle_sleep => {
+                        let seen = std::mem::take(&mut changes);
+                        settle_at = None;
+                        let missing = ours.iter().any(|p| !p.exists());
+                        match dir_action(seen, missing, kubelet_sock.exists(), self.options.register) {
+                            DirAction::Nothing => {}
+                            DirAction::Register => {
+                                tracing::info!(?seen, "kubelet socket created; registering again");
+                                kubelet_id = socket_identity(&kubelet_sock);
+                                registered = self.register_all(&kubelet_sock).await;
+                            }
+                            DirAction::Restart => {
+                                tracing::info!(?seen, "a plugin socket was removed; serving it again and registering");
+                                running.shutdown().await;
+                                continue 'restart;
+                            }
                         }
                     }
                     Some(ev) = self.health_rx.recv() => {
@@ -278,18 +400,22 @@ impl DevicePlugins {
                                 publish(&tracker);
                             }
                         }
-                        // Safety net for missed file events: the kubelet socket was
-                        // replaced, or ours vanished while the kubelet's is up.
+                        // Safety net for lost directory events: the kubelet socket
+                        // was replaced by one with another inode, or ours vanished
+                        // while the kubelet's is up.
                         let sockets_gone = running.servers.iter().any(|(p, _)| !p.exists());
                         let kubelet_up = kubelet_sock.exists();
-                        if self.options.register
-                            && (kubelet_restarted(&kubelet_sock, kubelet_id) || (sockets_gone && kubelet_up))
-                        {
-                            tracing::info!("kubelet restarted or plugin socket removed; restarting plugins");
+                        let off = self.options.register
+                            && settle_at.is_none()
+                            && (kubelet_restarted(&kubelet_sock, kubelet_id) || (sockets_gone && kubelet_up));
+                        if off && suspect {
+                            tracing::info!("kubelet restarted or plugin socket removed, with no directory event; restarting plugins");
                             running.shutdown().await;
                             continue 'restart;
                         }
-                        if !registered {
+                        suspect = off;
+                        // A change being gathered registers when it settles.
+                        if !registered && settle_at.is_none() {
                             kubelet_id = socket_identity(&kubelet_sock);
                             registered = self.register_all(&kubelet_sock).await;
                         }
@@ -297,6 +423,18 @@ impl DevicePlugins {
                 }
             }
         }
+    }
+
+    /// The sockets the plugins serve, each once.
+    fn socket_paths(&self) -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = self
+            .resources
+            .iter()
+            .map(|r| self.options.kubelet_dir.join(socket_name(r)))
+            .collect();
+        paths.sort();
+        paths.dedup();
+        paths
     }
 
     fn serve_all(
@@ -399,4 +537,157 @@ pub async fn register(
         .map_err(|_| err("Register timed out after 15 s".into()))?
         .map_err(|s| err(format!("{}: {}", s.code(), s.message())))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{CreateKind, Flag, ModifyKind, RemoveKind, RenameMode};
+    use notify::{Event, EventKind};
+    use proptest::prelude::*;
+
+    fn paths() -> (PathBuf, Vec<PathBuf>) {
+        let dir = Path::new("/var/lib/kubelet/device-plugins");
+        (
+            dir.join(KUBELET_SOCKET),
+            vec![
+                dir.join("nvidia-gpu.sock"),
+                dir.join("nvidia-mig-1g.10gb.sock"),
+            ],
+        )
+    }
+
+    fn event(kind: EventKind, path: &Path) -> Event {
+        Event::new(kind).add_path(path.to_path_buf())
+    }
+
+    #[test]
+    fn a_created_kubelet_socket_means_registering_again() {
+        let (kubelet, ours) = paths();
+        let mut c = DirChanges::default();
+        c.note(
+            &event(EventKind::Remove(RemoveKind::File), &kubelet),
+            &kubelet,
+            &ours,
+        );
+        assert!(
+            !c.any(),
+            "a removal alone waits for the kubelet to come back"
+        );
+        c.note(
+            &event(EventKind::Create(CreateKind::File), &kubelet),
+            &kubelet,
+            &ours,
+        );
+        assert!(c.kubelet_created);
+        assert_eq!(dir_action(c, false, true, true), DirAction::Register);
+        assert_eq!(dir_action(c, false, false, true), DirAction::Nothing);
+        assert_eq!(dir_action(c, false, true, false), DirAction::Nothing);
+    }
+
+    #[test]
+    fn a_removed_plugin_socket_means_serving_it_again() {
+        let (kubelet, ours) = paths();
+        let mut c = DirChanges::default();
+        c.note(
+            &event(EventKind::Remove(RemoveKind::Any), &ours[1]),
+            &kubelet,
+            &ours,
+        );
+        assert!(c.plugin_socket_removed);
+        assert_eq!(dir_action(c, true, true, true), DirAction::Restart);
+        assert_eq!(dir_action(c, true, false, false), DirAction::Restart);
+        // The socket is back (the plugins' own restart): nothing to do.
+        assert_eq!(dir_action(c, false, true, true), DirAction::Nothing);
+    }
+
+    #[test]
+    fn renames_and_rescans_count() {
+        let (kubelet, ours) = paths();
+        let tmp = kubelet.with_file_name("kubelet.sock.tmp");
+        let mut c = DirChanges::default();
+        c.note(
+            &Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::Both)))
+                .add_path(tmp.clone())
+                .add_path(kubelet.clone()),
+            &kubelet,
+            &ours,
+        );
+        assert!(c.kubelet_created);
+        let mut moved = DirChanges::default();
+        moved.note(
+            &event(
+                EventKind::Modify(ModifyKind::Name(RenameMode::From)),
+                &ours[0],
+            ),
+            &kubelet,
+            &ours,
+        );
+        assert!(moved.plugin_socket_removed);
+        let mut lost = DirChanges::default();
+        lost.note(
+            &Event::new(EventKind::Other).set_flag(Flag::Rescan),
+            &kubelet,
+            &ours,
+        );
+        assert!(lost.rescan);
+        assert_eq!(dir_action(lost, false, true, true), DirAction::Register);
+        // Other files and our own socket's creation change nothing.
+        let mut other = DirChanges::default();
+        other.note(
+            &event(EventKind::Create(CreateKind::File), &ours[0]),
+            &kubelet,
+            &ours,
+        );
+        other.note(
+            &event(EventKind::Create(CreateKind::File), &tmp),
+            &kubelet,
+            &ours,
+        );
+        other.note(
+            &event(EventKind::Remove(RemoveKind::File), &tmp),
+            &kubelet,
+            &ours,
+        );
+        assert!(!other.any());
+    }
+
+    proptest! {
+        /// Whatever else happens in the directory, a creation of
+        /// `kubelet.sock` with the kubelet up ends in a registration, and a
+        /// plugin socket that is missing is always served again.
+        #[test]
+        fn every_kubelet_creation_registers_and_every_lost_socket_is_served(
+            events in proptest::collection::vec((0usize..4, 0usize..4), 0..12),
+            missing: bool,
+            kubelet_up: bool,
+            register: bool,
+        ) {
+            let (kubelet, ours) = paths();
+            let other = kubelet.with_file_name("other.sock");
+            let targets = [kubelet.clone(), ours[0].clone(), ours[1].clone(), other];
+            let kinds = [
+                EventKind::Create(CreateKind::File),
+                EventKind::Remove(RemoveKind::File),
+                EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+                EventKind::Modify(ModifyKind::Data(notify::event::DataChange::Any)),
+            ];
+            let mut c = DirChanges::default();
+            for (k, t) in &events {
+                c.note(&event(kinds[*k], &targets[*t]), &kubelet, &ours);
+            }
+            let created = events.iter().any(|(k, t)| *t == 0 && (*k == 0 || *k == 2));
+            let removed = events.iter().any(|(k, t)| (*t == 1 || *t == 2) && *k == 1);
+            prop_assert_eq!(c.kubelet_created, created);
+            prop_assert_eq!(c.plugin_socket_removed, removed);
+            let action = dir_action(c, missing, kubelet_up, register);
+            if missing {
+                prop_assert_eq!(action, DirAction::Restart);
+            } else if created && kubelet_up && register {
+                prop_assert_eq!(action, DirAction::Register);
+            } else {
+                prop_assert_eq!(action, DirAction::Nothing);
+            }
+        }
+    }
 }
