@@ -12,11 +12,10 @@ use std::time::Duration;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 use crate::deviceplugin::api;
-use crate::deviceplugin::transport::unix_channel;
+use crate::deviceplugin::transport::{unix_channel, unix_incoming};
 
 /// Errors of the stand-in.
 #[derive(Debug, thiserror::Error)]
@@ -206,7 +205,7 @@ impl KubeletStandin {
         let handle = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(api::registration_server::RegistrationServer::new(svc))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                .serve_with_incoming_shutdown(unix_incoming(listener), async move {
                     let _ = stop_rx.wait_for(|s| *s).await;
                 })
                 .await;

@@ -552,3 +552,273 @@ async fn time_slicing_advertises_replicas_and_allocates_the_physical_gpu() {
     plugin.stop().await;
     kubelet.stop().await;
 }
+
+// ---- any :authority on the unix sockets ----
+
+mod raw_h2 {
+    //! A bare HTTP/2 client that says what gRPC C-core says on a unix
+    //! socket: the socket path as `:authority`, which no hyper or tonic
+    //! client can send (their URIs cannot hold it).
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::UnixStream;
+
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    /// What one stream got back.
+    #[derive(Debug, Default)]
+    pub struct Outcome {
+        /// Every header field of every response header block.
+        pub fields: Vec<(String, String)>,
+        /// Bytes of response DATA.
+        pub data: usize,
+        /// The RST_STREAM error code, if the server reset the stream.
+        pub reset: Option<u32>,
+        done: bool,
+    }
+
+    impl Outcome {
+        pub fn grpc_status(&self) -> Option<&str> {
+            self.fields
+                .iter()
+                .find(|(n, _)| n == "grpc-status")
+                .map(|(_, v)| v.as_str())
+        }
+    }
+
+    fn int(v: usize, out: &mut Vec<u8>) {
+        // 7-bit prefix, no Huffman: enough for these short strings.
+        assert!(v < 127);
+        out.push(v as u8);
+    }
+
+    fn string(s: &str, out: &mut Vec<u8>) {
+        int(s.len(), out);
+        out.extend_from_slice(s.as_bytes());
+    }
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8], out: &mut Vec<u8>) {
+        let n = payload.len();
+        out.extend_from_slice(&[(n >> 16) as u8, (n >> 8) as u8, n as u8, kind, flags]);
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+    }
+
+    /// Two unary calls of `method` with an empty message: stream 1 sends
+    /// every field as a literal and indexes `:authority` and `:path`, as
+    /// C-core does; stream 3 refers to them in the dynamic table.
+    pub async fn two_calls(socket: &Path, authority: &str, method: &str) -> BTreeMap<u32, Outcome> {
+        let mut first = vec![0x41]; // :authority, incremental indexing
+        string(authority, &mut first);
+        first.extend_from_slice(&[0x83, 0x86]); // :method POST, :scheme http
+        first.push(0x44); // :path, incremental indexing
+        string(method, &mut first);
+        first.push(0x5f); // content-type (static 31), incremental indexing
+        string("application/grpc", &mut first);
+        first.push(0x40); // te: trailers, new name, incremental indexing
+        string("te", &mut first);
+        string("trailers", &mut first);
+        // Dynamic table now: 62 te, 63 content-type, 64 :path, 65 :authority.
+        let second = [0x80 | 65, 0x83, 0x86, 0x80 | 64, 0x80 | 63, 0x80 | 62];
+        let empty_message = [0u8, 0, 0, 0, 0];
+        let mut out = PREFACE.to_vec();
+        frame(0x4, 0, 0, &[], &mut out);
+        frame(0x1, 0x4, 1, &first, &mut out);
+        frame(0x0, 0x1, 1, &empty_message, &mut out);
+        frame(0x1, 0x4, 3, &second, &mut out);
+        frame(0x0, 0x1, 3, &empty_message, &mut out);
+        let mut conn = UnixStream::connect(socket).await.expect("connect");
+        conn.write_all(&out).await.expect("write");
+
+        let mut outcomes: BTreeMap<u32, Outcome> = BTreeMap::new();
+        outcomes.insert(1, Outcome::default());
+        outcomes.insert(3, Outcome::default());
+        let mut decoder = loona_hpack::Decoder::new();
+        let mut buf = Vec::new();
+        let mut block: Vec<u8> = Vec::new();
+        let read = async {
+            while !outcomes.values().all(|o| o.done) {
+                while buf.len() >= 9 {
+                    let len = (usize::from(buf[0]) << 16)
+                        | (usize::from(buf[1]) << 8)
+                        | usize::from(buf[2]);
+                    if buf.len() < 9 + len {
+                        break;
+                    }
+                    let (kind, flags) = (buf[3], buf[4]);
+                    let stream = u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]) & 0x7fff_ffff;
+                    let payload: Vec<u8> = buf[9..9 + len].to_vec();
+                    buf.drain(..9 + len);
+                    match kind {
+                        0x4 if flags & 0x1 == 0 => {
+                            let mut ack = Vec::new();
+                            frame(0x4, 0x1, 0, &[], &mut ack);
+                            conn.write_all(&ack).await.expect("ack");
+                        }
+                        0x1 | 0x9 => {
+                            let mut p = payload.as_slice();
+                            if kind == 0x1 && flags & 0x8 != 0 {
+                                let pad = usize::from(p[0]);
+                                p = &p[1..p.len() - pad];
+                            }
+                            if kind == 0x1 && flags & 0x20 != 0 {
+                                p = &p[5..];
+                            }
+                            block.extend_from_slice(p);
+                            if flags & 0x4 != 0 {
+                                let fields = decoder.decode(&block).expect("server headers decode");
+                                block.clear();
+                                if let Some(o) = outcomes.get_mut(&stream) {
+                                    o.fields.extend(fields.into_iter().map(|(n, v)| {
+                                        (
+                                            String::from_utf8_lossy(&n).into_owned(),
+                                            String::from_utf8_lossy(&v).into_owned(),
+                                        )
+                                    }));
+                                    o.done |= flags & 0x1 != 0;
+                                }
+                            }
+                        }
+                        0x0 => {
+                            if let Some(o) = outcomes.get_mut(&stream) {
+                                o.data += payload.len();
+                                o.done |= flags & 0x1 != 0;
+                            }
+                        }
+                        0x3 => {
+                            if let Some(o) = outcomes.get_mut(&stream) {
+                                o.reset = Some(u32::from_be_bytes([
+                                    payload[0], payload[1], payload[2], payload[3],
+                                ]));
+                                o.done = true;
+                            }
+                        }
+                        0x7 => panic!("GOAWAY from the server: {payload:?}"),
+                        _ => {}
+                    }
+                }
+                if outcomes.values().all(|o| o.done) {
+                    break;
+                }
+                let mut chunk = [0u8; 4096];
+                let n = conn.read(&mut chunk).await.expect("read");
+                assert!(n > 0, "the server closed the connection: {outcomes:?}");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), read)
+            .await
+            .expect("both calls answered in time");
+        outcomes
+    }
+}
+
+const SOCKET_PATH_AUTHORITY: &str = "/var/lib/kubelet/device-plugins/nvidia-gpu.sock";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_plugin_answers_a_client_sending_the_socket_path_as_authority() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = KubeletStandin::start(dir.path()).await.unwrap();
+    let (plugin, _) = start_plugin(dir.path(), backend(), settings("none", "envvar"), 60_000);
+    kubelet
+        .wait_for("registration", WAIT, |v| registered(v, "nvidia.com/gpu", 1))
+        .await
+        .unwrap();
+    let got = raw_h2::two_calls(
+        &dir.path().join("nvidia-gpu.sock"),
+        SOCKET_PATH_AUTHORITY,
+        "/v1beta1.DevicePlugin/GetDevicePluginOptions",
+    )
+    .await;
+    for (stream, o) in &got {
+        assert_eq!(o.reset, None, "stream {stream} reset: {o:?}");
+        assert_eq!(o.grpc_status(), Some("0"), "stream {stream}: {o:?}");
+        assert!(o.data > 5, "stream {stream} got its options message: {o:?}");
+    }
+    // The kubelet stand-in's own socket accepts it too.
+    let got = raw_h2::two_calls(
+        &kubelet.socket_path(),
+        "/var/lib/kubelet/device-plugins/kubelet.sock",
+        "/v1beta1.Registration/Register",
+    )
+    .await;
+    for o in got.values() {
+        assert_eq!(o.reset, None, "{o:?}");
+        // An empty request is refused by the handler, not by HTTP/2.
+        assert_eq!(o.grpc_status(), Some("3"), "{o:?}");
+    }
+    plugin.stop().await;
+    kubelet.stop().await;
+}
+
+#[derive(Clone, Copy)]
+struct AcceptAll;
+
+#[tonic::async_trait]
+impl gpu_stack_k8s::deviceplugin::api::registration_server::Registration for AcceptAll {
+    async fn register(
+        &self,
+        _: tonic::Request<gpu_stack_k8s::deviceplugin::api::RegisterRequest>,
+    ) -> Result<tonic::Response<gpu_stack_k8s::deviceplugin::api::Empty>, tonic::Status> {
+        Ok(tonic::Response::new(
+            gpu_stack_k8s::deviceplugin::api::Empty {},
+        ))
+    }
+}
+
+/// Without the rewrite, the HTTP/2 server resets every such stream: this is
+/// what the test above would see, and shows its client sends the path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_tonic_server_resets_a_socket_path_authority() {
+    use gpu_stack_k8s::deviceplugin::api::registration_server::RegistrationServer;
+    use gpu_stack_k8s::deviceplugin::transport::unix_incoming;
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |path: PathBuf, fixed: bool| {
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let router =
+                tonic::transport::Server::builder().add_service(RegistrationServer::new(AcceptAll));
+            let _ = if fixed {
+                router.serve_with_incoming(unix_incoming(listener)).await
+            } else {
+                router
+                    .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+                    .await
+            };
+        })
+    };
+    let plain = serve(dir.path().join("plain.sock"), false);
+    let fixed = serve(dir.path().join("fixed.sock"), true);
+    let method = "/v1beta1.Registration/Register";
+    let got = raw_h2::two_calls(
+        &dir.path().join("plain.sock"),
+        SOCKET_PATH_AUTHORITY,
+        method,
+    )
+    .await;
+    for o in got.values() {
+        assert_eq!(o.reset, Some(0x1), "PROTOCOL_ERROR: {o:?}");
+    }
+    let got = raw_h2::two_calls(
+        &dir.path().join("fixed.sock"),
+        SOCKET_PATH_AUTHORITY,
+        method,
+    )
+    .await;
+    for o in got.values() {
+        assert_eq!(o.grpc_status(), Some("0"), "{o:?}");
+    }
+    let got = raw_h2::two_calls(&dir.path().join("plain.sock"), "localhost", method).await;
+    for o in got.values() {
+        assert_eq!(
+            o.grpc_status(),
+            Some("0"),
+            "a valid authority works anyway: {o:?}"
+        );
+    }
+    plain.abort();
+    fixed.abort();
+}

@@ -8,6 +8,7 @@ pub mod api {
     tonic::include_proto!("v1beta1");
 }
 
+pub mod authority;
 pub mod cdi;
 pub mod health;
 pub mod labels;

@@ -23,12 +23,11 @@ use notify::Watcher;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 
 use super::api;
 use super::health::HealthProbe;
 use super::server::{PluginService, plugin_options, wire_devices};
-use super::transport::unix_channel;
+use super::transport::{unix_channel, unix_incoming};
 
 /// File name of the kubelet's registration socket.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
@@ -469,7 +468,7 @@ impl DevicePlugins {
             let handle = tokio::spawn(async move {
                 let res = tonic::transport::Server::builder()
                     .add_service(api::device_plugin_server::DevicePluginServer::new(service))
-                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    .serve_with_incoming_shutdown(unix_incoming(listener), async move {
                         let _ = stop_wait.wait_for(|s| *s).await;
                     })
                     .await;

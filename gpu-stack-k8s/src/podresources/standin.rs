@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
+
+use crate::deviceplugin::transport::unix_incoming;
 
 use super::api::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
 use super::api::{
@@ -90,7 +91,8 @@ impl StandinKubelet {
         let (stop, stopped) = oneshot::channel::<()>();
         let svc = PodResourcesListerServer::new(lister.clone());
         let task = tokio::spawn(async move {
-            let incoming = UnixListenerStream::new(listener);
+            // Like the kubelet, any `:authority` is accepted.
+            let incoming = unix_incoming(listener);
             let _ = tonic::transport::Server::builder()
                 .add_service(svc)
                 .serve_with_incoming_shutdown(incoming, async {
