@@ -14,7 +14,7 @@ use crate::layout::Layout;
 pub const KUBE_VERSION: &str = "v1.34.4";
 
 /// Binaries built from `tools/control-plane/k8s`, with the package each comes from.
-const K8S_PACKAGES: [(&str, &str); 5] = [
+const K8S_PACKAGES: [(&str, &str); 6] = [
     ("etcd", "./cmd/etcd"),
     ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
     (
@@ -23,7 +23,27 @@ const K8S_PACKAGES: [(&str, &str); 5] = [
     ),
     ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
     ("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
+    // The real test node's kubelet, from the same module as the control plane.
+    ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
 ];
+
+/// The real test node's container runtime, built from `tools/node/containerd`:
+/// containerd 1.7 (Debian's 1.6 ignores CRI CDI devices).
+const CONTAINERD_PACKAGES: [(&str, &str); 3] = [
+    (
+        "containerd",
+        "github.com/containerd/containerd/cmd/containerd",
+    ),
+    (
+        "containerd-shim-runc-v2",
+        "github.com/containerd/containerd/cmd/containerd-shim-runc-v2",
+    ),
+    ("ctr", "github.com/containerd/containerd/cmd/ctr"),
+];
+
+/// Build tags that leave out the snapshotters the node does not use (and
+/// their C dependencies).
+const CONTAINERD_TAGS: &str = "no_btrfs no_devmapper no_zfs no_aufs";
 
 /// kwok's default stages for fast fake nodes and pods, copied from the kwok
 /// module at build time (kwok does nothing without stages).
@@ -42,7 +62,11 @@ const STAMP_FILE: &str = ".build-stamp";
 
 /// Every file the cluster needs from the cache.
 pub fn required_files() -> Vec<&'static str> {
-    let mut files: Vec<&str> = K8S_PACKAGES.iter().map(|(name, _)| *name).collect();
+    let mut files: Vec<&str> = K8S_PACKAGES
+        .iter()
+        .chain(CONTAINERD_PACKAGES.iter())
+        .map(|(name, _)| *name)
+        .collect();
     files.push("kwok");
     files.push(KWOK_STAGES_FILE);
     files
@@ -63,15 +87,18 @@ fn k8s_ldflags() -> String {
     flags
 }
 
-/// FNV-1a over the build inputs: module files, mains, flags and stage list.
+/// FNV-1a over the build inputs: module files, mains, flags, the packages
+/// built (so adding a binary rebuilds) and the stage list.
 fn stamp(layout: &Layout) -> Result<String> {
-    let tools = layout.tools();
+    let tools = layout.repo.join("tools");
     let inputs = [
-        "k8s/go.mod",
-        "k8s/go.sum",
-        "k8s/cmd/etcd/main.go",
-        "kwok/go.mod",
-        "kwok/go.sum",
+        "control-plane/k8s/go.mod",
+        "control-plane/k8s/go.sum",
+        "control-plane/k8s/cmd/etcd/main.go",
+        "control-plane/kwok/go.mod",
+        "control-plane/kwok/go.sum",
+        "node/containerd/go.mod",
+        "node/containerd/go.sum",
     ];
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
@@ -92,6 +119,11 @@ fn stamp(layout: &Layout) -> Result<String> {
         feed(&data);
     }
     feed(k8s_ldflags().as_bytes());
+    feed(CONTAINERD_TAGS.as_bytes());
+    for (name, package) in K8S_PACKAGES.iter().chain(CONTAINERD_PACKAGES.iter()) {
+        feed(name.as_bytes());
+        feed(package.as_bytes());
+    }
     for stage in KWOK_STAGES {
         feed(stage.as_bytes());
     }
@@ -214,6 +246,27 @@ pub fn ensure_built(layout: &Layout) -> Result<()> {
     ];
     go_command(&go, &layout.tools().join("kwok"), &kwok_args)?;
     write_kwok_stages(&go, layout)?;
+
+    let mut containerd_args: Vec<&std::ffi::OsStr> = vec![
+        "build".as_ref(),
+        "-trimpath".as_ref(),
+        "-tags".as_ref(),
+        CONTAINERD_TAGS.as_ref(),
+        "-ldflags".as_ref(),
+        "-s -w".as_ref(),
+        "-o".as_ref(),
+        out_dir.as_ref(),
+    ];
+    containerd_args.extend(
+        CONTAINERD_PACKAGES
+            .iter()
+            .map(|(_, pkg)| std::ffi::OsStr::new(*pkg)),
+    );
+    go_command(
+        &go,
+        &layout.repo.join("tools").join("node").join("containerd"),
+        &containerd_args,
+    )?;
 
     fs::write(bin.join(STAMP_FILE), format!("{stamp}\n"))
         .with_context(|| format!("writing the build stamp in {}", bin.display()))?;
