@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::gobuild::{self, KWOK_STAGES_FILE};
 use crate::layout::{KWOK_NODE_SELECTOR, Layout};
-use crate::{pki, procs};
+use crate::{node, pki, procs};
 
 /// Components in start order; teardown goes the other way.
 const COMPONENTS: [&str; 5] = [
@@ -56,14 +56,20 @@ pub struct Cluster {
 impl Cluster {
     /// Checks ports and leftovers, writes certificates and kubeconfig, starts
     /// every component and waits until the cluster serves requests.
-    pub fn start(layout: &Layout) -> Result<Self> {
+    /// With `real_node` (the directory of the project's built binaries), a
+    /// real node joins once the control plane serves ([`node::start`]).
+    pub fn start(layout: &Layout, real_node: Option<&Path>) -> Result<Self> {
         preflight(layout)?;
         let mut cluster = Cluster {
             layout: layout.clone(),
             components: Vec::new(),
             done: false,
         };
-        match cluster.boot() {
+        let booted = cluster.boot().and_then(|()| match real_node {
+            Some(bins) => node::start(layout, bins).map(|_| ()),
+            None => Ok(()),
+        });
+        match booted {
             Ok(()) => Ok(cluster),
             Err(err) => {
                 if !procs::interrupted() {
@@ -87,6 +93,15 @@ impl Cluster {
             .with_context(|| format!("restricting {}", data.display()))?;
         pki::generate(&l.pki())?;
         write_kubeconfig(&l)?;
+        // Every connection of the API server to a node or pod goes through the
+        // real node's CONNECT proxy, which reaches only that node's network:
+        // nothing is dialled off the machine (kwok nodes' addresses included).
+        let egress = l.state.join("egress-selector.yaml");
+        fs::write(
+            &egress,
+            node::egress_selector_config(&node::NodeLayout::new(&l)),
+        )
+        .with_context(|| format!("writing {}", egress.display()))?;
         let pki = l.pki();
         let p = l.ports;
         let kubeconfig = l.kubeconfig();
@@ -138,6 +153,14 @@ impl Cluster {
                     pki.join("sa.key").display()
                 ),
                 "--profiling=false".into(),
+                format!("--egress-selector-config-file={}", egress.display()),
+                "--kubelet-preferred-address-types=InternalIP".into(),
+                // The real node's kubelet accepts clients signed by the cluster CA.
+                format!(
+                    "--kubelet-client-certificate={}",
+                    pki.join("admin.crt").display()
+                ),
+                format!("--kubelet-client-key={}", pki.join("admin.key").display()),
             ],
         )?;
         let kubectl = l.binary("kubectl");
@@ -307,6 +330,7 @@ impl Cluster {
 
     fn stop_inner(&mut self) -> Result<()> {
         self.done = true;
+        node::cleanup(&node::NodeLayout::new(&self.layout))?;
         let pids: Vec<i32> = self
             .components
             .iter()
@@ -369,6 +393,10 @@ fn preflight(layout: &Layout) -> Result<()> {
             describe(&live),
             layout.kubeconfig().display()
         );
+    }
+    if node::leftovers(layout) {
+        eprintln!("removing leftovers of an earlier real test node");
+        node::cleanup(&node::NodeLayout::new(layout))?;
     }
     if layout.state.exists() {
         // An empty directory (e.g. one made by `mktemp -d` for us) is no leftover.
@@ -448,6 +476,8 @@ fn describe(procs: &[(i32, PathBuf)]) -> String {
 /// Stops every process of the cluster in `layout.state` and removes the state
 /// directory. Returns how many processes were stopped.
 pub fn down(layout: &Layout) -> Result<usize> {
+    // The real node first: its kubelet talks to the API server.
+    node::cleanup(&node::NodeLayout::new(layout))?;
     let live = live_processes(layout);
     let pids: Vec<i32> = live.iter().map(|(pid, _)| *pid).collect();
     let stopped = procs::terminate_groups(&pids, STOP_GRACE, || {});

@@ -10,6 +10,10 @@ pub const DEFAULT_PORT_BASE: u16 = 26440;
 /// Environment variable the end-to-end helper reads to find the cluster.
 pub const E2E_KUBECONFIG_ENV: &str = "GPU_STACK_E2E_KUBECONFIG";
 
+/// Environment variable naming the real node's directory (`<state>/node`)
+/// for the end-to-end tests that use it.
+pub const E2E_NODE_DIR_ENV: &str = "GPU_STACK_E2E_NODE_DIR";
+
 /// Annotation kwok is told to manage; fake nodes carry it.
 pub const KWOK_NODE_SELECTOR: &str = "kwok.x-k8s.io/node=fake";
 

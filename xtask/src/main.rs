@@ -7,9 +7,12 @@
 //! control plane by hand.
 mod cluster;
 mod gobuild;
+mod images;
 mod layout;
+mod node;
 mod pki;
 mod procs;
+mod proxy;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -33,17 +36,53 @@ enum Cmd {
     /// Run every test of the workspace, end-to-end tests included: builds (or
     /// reuses) the control plane, starts a throwaway cluster, runs
     /// `cargo test --workspace --all-targets` against it and tears it down.
-    Test(ClusterArgs),
+    Test(TestArgs),
     /// Manage the local test control plane.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// Build the OCI images of the project's binaries into one archive
+    /// (`ctr images import` loads it; see README, Images).
+    Images(ImagesArgs),
+    /// A forwarder of the real test node (started by `cluster up`).
+    #[command(hide = true)]
+    NodeProxy(proxy::ProxyArgs),
+}
+
+#[derive(Args, Clone)]
+struct TestArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Run without the real node (kwok nodes only); its tests then fail
+    /// saying so.
+    #[arg(long)]
+    no_real_node: bool,
+}
+
+#[derive(Args, Clone)]
+struct UpArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Also start a real node: a kubelet and containerd in namespaces of
+    /// their own, with the project's images imported (needs root).
+    #[arg(long)]
+    real_node: bool,
+}
+
+#[derive(Args, Clone)]
+struct ImagesArgs {
+    /// Build (and package) the release profile instead of the debug one.
+    #[arg(long)]
+    release: bool,
+    /// Where to write the OCI archive.
+    #[arg(long, default_value = "target/gpu-stack-images.tar")]
+    output: PathBuf,
 }
 
 #[derive(Subcommand)]
 enum ClusterCmd {
     /// Build what is missing, start the cluster on loopback and print the
     /// `export KUBECONFIG=...` line. It keeps running until `cluster down`.
-    Up(ClusterArgs),
+    Up(UpArgs),
     /// Stop every process of the cluster and remove its state directory.
     Down(ClusterArgs),
     /// Say whether a cluster is running and where its kubeconfig is.
@@ -89,21 +128,47 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Cmd::Test(args) => test(&args.layout()?),
+        Cmd::Test(args) => test(&args.cluster.layout()?, !args.no_real_node),
+        Cmd::NodeProxy(args) => proxy::run(&args).map(|()| ExitCode::SUCCESS),
+        Cmd::Images(args) => {
+            let profile = if args.release { "release" } else { "debug" };
+            let mut build = vec!["build", "-p", "gpu-stack-bins", "--bins"];
+            if args.release {
+                build.push("--release");
+            }
+            cargo(&build)?;
+            let names = images::build(&repo_dir(), &target_dir().join(profile), &args.output)?;
+            eprintln!("wrote {} with:", args.output.display());
+            for name in names {
+                eprintln!("  {name}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Cluster(cmd) => {
             match cmd {
                 ClusterCmd::Up(args) => {
-                    let layout = args.layout()?;
+                    let layout = args.cluster.layout()?;
                     procs::install_interrupt_handler()?;
+                    if args.real_node {
+                        cargo(&["build", "-p", "gpu-stack-bins", "--bins"])?;
+                    }
                     gobuild::ensure_built(&layout)?;
                     let started = Instant::now();
-                    let cluster = Cluster::start(&layout)?;
+                    let real_node = args.real_node.then(|| target_dir().join("debug"));
+                    let cluster = Cluster::start(&layout, real_node.as_deref())?;
                     eprintln!(
                         "cluster ready in {:.1}s; stop it with `cargo xtask cluster down`",
                         started.elapsed().as_secs_f64()
                     );
                     cluster.detach();
                     println!("export KUBECONFIG={}", layout.kubeconfig().display());
+                    if args.real_node {
+                        println!(
+                            "export {}={}",
+                            layout::E2E_NODE_DIR_ENV,
+                            node::NodeLayout::new(&layout).dir.display()
+                        );
+                    }
                 }
                 ClusterCmd::Down(args) => {
                     let stopped = cluster::down(&args.layout()?)?;
@@ -119,9 +184,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 /// `cargo xtask test`: compile first (so the cluster does not idle while rustc
 /// runs), then start the cluster, run the tests and always tear it down.
-fn test(layout: &Layout) -> Result<ExitCode> {
+fn test(layout: &Layout, real_node: bool) -> Result<ExitCode> {
     procs::install_interrupt_handler()?;
     cargo(&["test", "--workspace", "--all-targets", "--no-run"])?;
+    if real_node {
+        // The real node's images are made from these binaries.
+        cargo(&["build", "-p", "gpu-stack-bins", "--bins"])?;
+    }
     gobuild::ensure_built(layout)?;
 
     let (kubeconfig, owned) = match cluster::running(layout)? {
@@ -134,7 +203,8 @@ fn test(layout: &Layout) -> Result<ExitCode> {
         }
         None => {
             let started = Instant::now();
-            let cluster = Cluster::start(layout)?;
+            let bins = real_node.then(|| target_dir().join("debug"));
+            let cluster = Cluster::start(layout, bins.as_deref())?;
             eprintln!("cluster ready in {:.1}s", started.elapsed().as_secs_f64());
             (layout.kubeconfig(), Some(cluster))
         }
@@ -145,7 +215,8 @@ fn test(layout: &Layout) -> Result<ExitCode> {
             // Run every test binary even after a failure, so one run reports all.
             .args(["test", "--workspace", "--all-targets", "--no-fail-fast"])
             .env("KUBECONFIG", &kubeconfig)
-            .env(layout::E2E_KUBECONFIG_ENV, &kubeconfig),
+            .env(layout::E2E_KUBECONFIG_ENV, &kubeconfig)
+            .env(layout::E2E_NODE_DIR_ENV, node::NodeLayout::new(layout).dir),
     );
 
     let owned_cluster = owned.is_some();
@@ -170,6 +241,22 @@ fn test(layout: &Layout) -> Result<ExitCode> {
         bail!("`cargo test --workspace --all-targets` failed");
     }
     doc_outcome.map(|()| ExitCode::SUCCESS)
+}
+
+/// The workspace root.
+fn repo_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Cargo's target directory (`CARGO_TARGET_DIR`, or `target/` in the workspace).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_dir().join("target"))
 }
 
 fn cargo_bin() -> String {
