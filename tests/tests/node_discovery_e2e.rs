@@ -9,7 +9,8 @@
 //!   a second `--once` writes nothing; a label someone else wrote under the NFD
 //!   prefix is left alone.
 //! - `--once` on a node nfd-master annotated changes nothing.
-//! - The long-running agent rewrites a label someone deleted, follows changes
+//! - The long-running agent, started before its Node exists, labels it once
+//!   it appears, rewrites a label someone deleted, follows changes
 //!   of the host files (OS upgrade, GPU gone) at its rescan, and stops cleanly
 //!   on SIGTERM. Its peak RSS (`VmHWM`) is printed.
 use std::collections::BTreeMap;
@@ -322,11 +323,15 @@ async fn the_agent_rewrites_deleted_labels_and_follows_the_host() -> Result<()> 
     let client = cluster.client();
     let node = format!("nd-run-{}", unique_suffix());
     let host = Host::new()?;
-    create_node(&client, &node, &[FOREIGN], &[]).await?;
     let nodes = [node.clone()];
     with_cleanup(&cluster, &nodes, &host, async {
+        // Started before its Node exists: it waits for it.
         let (mut agent, pid) = start(&cluster, &host, &node)?;
-        let result = scenario(&client, &node, &host).await;
+        let result = async {
+            create_node(&client, &node, &[FOREIGN], &[]).await?;
+            scenario(&client, &node, &host).await
+        }
+        .await;
         let hwm = vm_hwm(pid);
         let stopped = agent.terminate();
         if let Err(e) = result {

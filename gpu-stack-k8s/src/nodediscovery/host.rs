@@ -54,7 +54,7 @@ fn read_bounded(path: &Path, limit: u64) -> std::io::Result<String> {
 
 fn read_error(path: &Path, hint: &'static str) -> impl FnOnce(std::io::Error) -> DiscoveryError {
     let path = path.to_path_buf();
-    move |source| DiscoveryError::Read { path, source, hint }
+    move |error| DiscoveryError::Read { path, error, hint }
 }
 
 /// The PCI devices under `<sysfs_root>/bus/pci/devices` (at most

@@ -46,12 +46,12 @@ pub const FIELD_MANAGER: &str = "gpu-stack-node-discovery";
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
     /// A host file could not be read.
-    #[error("cannot read {path}: {source}; {hint}")]
+    #[error("cannot read {path}: {error}; {hint}")]
     Read {
         /// The file or directory.
         path: std::path::PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why (in the message, so it is not also a `source`).
+        error: std::io::Error,
         /// What to check.
         hint: &'static str,
     },
@@ -281,10 +281,7 @@ pub async fn run(
     let node = OwnNode::new(client.clone(), &name);
     let metas: Api<PartialObjectMeta<Node>> = Api::all(client);
     let watch_cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut changes = watcher(metas, watch_cfg)
-        .default_backoff()
-        .applied_objects()
-        .boxed();
+    let mut events = watcher(metas, watch_cfg).default_backoff().boxed();
     let period = opts.rescan_interval.max(Duration::from_millis(100));
     let mut rescan = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -295,6 +292,8 @@ pub async fn run(
     let mut view: Option<NodeView> = None;
     // resourceVersion of the agent's last write, until the watch catches up.
     let mut written: Option<String> = None;
+    // Whether the watch's last listing found the node.
+    let mut listed = false;
     let mut dirty = false;
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut nfd_logged = false;
@@ -344,8 +343,9 @@ pub async fn run(
                 tracing::info!(node = %name, "node discovery stopped");
                 return Ok(());
             }
-            change = changes.next() => match change {
-                Some(Ok(meta)) => {
+            event = events.next() => match event {
+                Some(Ok(watcher::Event::Apply(meta) | watcher::Event::InitApply(meta))) => {
+                    listed = true;
                     let seen = NodeView::from(meta);
                     if is_older(seen.resource_version.as_deref(), written.as_deref()) {
                         tracing::debug!(node = %name, "skipping a watch event older than our write");
@@ -356,6 +356,19 @@ pub async fn run(
                             dirty = true;
                         }
                     }
+                }
+                Some(Ok(watcher::Event::Init)) => listed = false,
+                Some(Ok(watcher::Event::InitDone)) => {
+                    if !listed {
+                        tracing::warn!(node = %name,
+                            "no Node of this name; waiting for it (check --node-name / NODE_NAME)");
+                        view = None;
+                    }
+                }
+                Some(Ok(watcher::Event::Delete(_))) => {
+                    tracing::info!(node = %name, "the Node was deleted; waiting for it to come back");
+                    view = None;
+                    written = None;
                 }
                 Some(Err(e)) => tracing::warn!(error = %e, "node watch error; the watch retries"),
                 None => return Err(DiscoveryError::WatchEnded { node: name }),
