@@ -8,9 +8,8 @@
 //! - Only its own Node, by name: a metadata-only `GET` ([`run_once`]) or a
 //!   metadata-only watch with field selector `metadata.name=<node>` ([`run`]).
 //! - Writes are one JSON merge patch of `metadata.labels` and the ownership
-//!   annotation (the body the MIG manager uses,
-//!   [`merge_patch_body`](crate::migmanager::kube_node::merge_patch_body)),
-//!   only when something changes; the patch response becomes the agent's view
+//!   annotation (the body the MIG manager uses, [`merge_patch_body`]), only
+//!   when something changes; the patch response becomes the agent's view
 //!   of the node, and watch events older than it are skipped, so the agent
 //!   never re-patches from a stale event.
 //! - [`run`] re-plans on every change of the node (a label someone deleted is
