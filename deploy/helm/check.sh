@@ -18,11 +18,24 @@ for crd in "$root"/deploy/crds/*.yaml; do
   fi
 done
 
-nice "$helm" lint --strict "$chart"
+# No registry publishes the images: every rendering names one.
+repo=(--set imageRepository=registry.example.com/gpu-stack)
+nice "$helm" lint --strict "$chart" "${repo[@]}"
 
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-nice "$helm" template gpu-stack "$chart" --namespace gpu-operator --include-crds >"$out/default.yaml"
+# Without imageRepository the chart refuses to render, saying what to set.
+if nice "$helm" template gpu-stack "$chart" >"$out/norepo.yaml" 2>"$out/norepo.err"; then
+  echo "deploy/helm/check.sh: the chart renders without imageRepository" >&2
+  exit 1
+fi
+grep -q 'imageRepository is not set' "$out/norepo.err" \
+  || { echo "deploy/helm/check.sh: a missing imageRepository is not named: $(cat "$out/norepo.err")" >&2; exit 1; }
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator --include-crds "${repo[@]}" >"$out/default.yaml"
+grep -q 'image: registry.example.com/gpu-stack/gpu-operator:' "$out/default.yaml" \
+  || { echo "deploy/helm/check.sh: the operator image is not from imageRepository" >&2; exit 1; }
+grep -A3 '^  devicePlugin:$' "$out/default.yaml" | grep -q 'repository: registry.example.com/gpu-stack' \
+  || { echo "deploy/helm/check.sh: the device plugin image is not from imageRepository" >&2; exit 1; }
 kinds="ServiceAccount ClusterRole ClusterRoleBinding Role RoleBinding Deployment Service ClusterPolicy"
 if compgen -G "$chart/crds/*.yaml" >/dev/null; then kinds="CustomResourceDefinition $kinds"; fi
 for kind in $kinds; do
@@ -34,13 +47,13 @@ done
 grep -q '^  replicas: 2$' "$out/default.yaml" || { echo "deploy/helm/check.sh: operator is not 2 replicas" >&2; exit 1; }
 
 # Knobs: no default ClusterPolicy, a component disabled, an image override.
-nice "$helm" template gpu-stack "$chart" --namespace gpu-operator \
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" \
   --set clusterPolicy.deployCR=false >"$out/nocr.yaml"
 if grep -q '^kind: ClusterPolicy$' "$out/nocr.yaml"; then
   echo "deploy/helm/check.sh: clusterPolicy.deployCR=false still renders a ClusterPolicy" >&2
   exit 1
 fi
-nice "$helm" template gpu-stack "$chart" --namespace gpu-operator \
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" \
   --set dcgmExporter.enabled=false --set devicePlugin.version=v9.9.9 >"$out/knobs.yaml"
 grep -A1 '^  dcgmExporter:$' "$out/knobs.yaml" | grep -q 'enabled: false' \
   || { echo "deploy/helm/check.sh: dcgmExporter.enabled=false not passed to the ClusterPolicy" >&2; exit 1; }

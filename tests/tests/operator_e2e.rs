@@ -62,6 +62,12 @@ async fn install_chart_rbac(
             namespace,
             "--set",
             "clusterPolicy.deployCR=false",
+            // Only the operator's RBAC is applied (the node-discovery agent's
+            // is not needed); the chart insists on an image repository.
+            "--set",
+            "imageRepository=registry.example.com/gpu-stack",
+            "--set",
+            "nodeDiscovery.enabled=false",
         ])
         .output()
         .context("helm template")?;
@@ -89,7 +95,10 @@ async fn install_chart_rbac(
             "Role",
             "RoleBinding",
         ];
-        if !wanted.contains(&types.kind.as_str()) {
+        // Hook objects (the uninstall Job's account and roles) are helm's to
+        // create at uninstall time, not part of the installed operator.
+        if !wanted.contains(&types.kind.as_str()) || obj.annotations().contains_key("helm.sh/hook")
+        {
             continue;
         }
         let gvk = GroupVersionKind::try_from(&types)?;

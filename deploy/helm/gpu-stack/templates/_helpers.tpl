@@ -25,8 +25,28 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
+{{/* The repository of the gpu-stack images; installing without one fails. */}}
+{{- define "gpu-stack.imageRepository" -}}
+{{- required "imageRepository is not set: no registry publishes the gpu-stack images. Build them (README, Images), push them to a registry of yours and install with --set imageRepository=<registry>/<path>" .Values.imageRepository -}}
+{{- end -}}
+
+{{/* The tag of the gpu-stack images. */}}
+{{- define "gpu-stack.imageTag" -}}
+{{- .Values.imageTag | default .Chart.AppVersion -}}
+{{- end -}}
+
+{{/*
+A gpu-stack image: (dict "root" $ "image" NAME [ "repository" R ] [ "version" V ]);
+repository and version default to imageRepository and imageTag.
+*/}}
+{{- define "gpu-stack.image" -}}
+{{- $repo := .repository | default (include "gpu-stack.imageRepository" .root) -}}
+{{- $tag := .version | default (include "gpu-stack.imageTag" .root) -}}
+{{- printf "%s/%s:%s" $repo .image $tag -}}
+{{- end -}}
+
 {{- define "gpu-stack.operatorImage" -}}
-{{- printf "%s/%s:%s" .Values.operator.repository .Values.operator.image (default .Chart.AppVersion .Values.operator.version) -}}
+{{- include "gpu-stack.image" (dict "root" . "image" .Values.operator.image "repository" .Values.operator.repository "version" .Values.operator.version) -}}
 {{- end -}}
 
 {{/*
