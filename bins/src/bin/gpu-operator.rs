@@ -13,6 +13,7 @@ use gpu_stack_bins::agent::{
 };
 use gpu_stack_k8s::controller::operator_pass::OperatorPass;
 use gpu_stack_k8s::controller::runner::{RunOptions, run};
+use gpu_stack_k8s::controller::uninstall::{UninstallOptions, uninstall};
 use gpu_stack_k8s::leader::LeaderConfig;
 
 /// gpu-operator: deploys and maintains the NVIDIA GPU stack on every GPU node.
@@ -49,6 +50,17 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Instead of operating: delete every ClusterPolicy and wait until the
+    /// running operator has cleaned up after it, then stop node discovery and
+    /// remove its labels (the chart's pre-delete hook).
+    #[arg(long)]
+    uninstall: bool,
+    /// With --uninstall: the chart's node-discovery DaemonSet, in --namespace.
+    #[arg(long, requires = "uninstall")]
+    node_discovery_daemonset: Option<String>,
+    /// With --uninstall: how long each step may take.
+    #[arg(long, default_value_t = 120, requires = "uninstall")]
+    uninstall_timeout_seconds: u64,
 }
 
 fn main() -> ExitCode {
@@ -59,6 +71,19 @@ fn main() -> ExitCode {
 
 async fn operate(args: Args) -> Result<()> {
     let config = kube_config(args.kubeconfig.as_deref()).await?;
+    if args.uninstall {
+        let client = kube::Client::try_from(config).context("building the API client")?;
+        let options = UninstallOptions {
+            namespace: args.namespace,
+            node_discovery: args.node_discovery_daemonset,
+            timeout: Duration::from_secs(args.uninstall_timeout_seconds),
+        };
+        let removed = uninstall(client, &options)
+            .await
+            .context("gpu-operator --uninstall")?;
+        tracing::info!(labels_removed = removed, "uninstalled");
+        return Ok(());
+    }
     let identity = match args.identity {
         Some(id) => id,
         None => std::env::var("HOSTNAME")

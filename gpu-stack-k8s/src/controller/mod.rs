@@ -20,6 +20,7 @@ pub mod events;
 pub mod operator_pass;
 pub mod ops;
 pub mod runner;
+pub mod uninstall;
 pub mod watches;
 
 use std::future::Future;

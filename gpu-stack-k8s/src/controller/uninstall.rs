@@ -1,0 +1,289 @@
+//! What `helm uninstall` needs before the chart's objects go (the chart's
+//! pre-delete hook runs `gpu-operator --uninstall`): the ClusterPolicies are
+//! deleted while the operator still runs, so its finalizer removes the node
+//! labels it added and garbage collection the operands; once the operand
+//! pods are gone, the node-discovery agent is stopped and the labels it and
+//! GFD wrote are removed. The MIG layout and its `nvidia.com/mig.config`
+//! labels stay: the GPUs keep their layout.
+//! Deleting the chart's objects first would kill the operator with the
+//! finalizer still pending, leaving every policy stuck in deletion.
+use std::time::Duration;
+
+use gpu_stack_core::nodediscovery::{OWNED_ANNOTATION, plan_node_patch};
+use gpu_stack_core::operator::labels::Labels;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use tracing::info;
+
+use crate::clusterpolicy::ClusterPolicy;
+use crate::deviceplugin::labels::label_changes;
+use crate::migmanager::NodePatch;
+use crate::migmanager::kube_node::merge_patch_body;
+
+/// Errors of the uninstall steps.
+#[derive(Debug, thiserror::Error)]
+pub enum UninstallError {
+    /// An API call failed.
+    #[error("{what}: {source}; check the operator ServiceAccount's RBAC (the chart grants it)")]
+    Api {
+        /// The step.
+        what: String,
+        /// Cause.
+        source: kube::Error,
+    },
+    /// A step did not finish in time.
+    #[error("{what} did not finish within {secs}s; {hint}")]
+    Timeout {
+        /// The step.
+        what: &'static str,
+        /// The bound.
+        secs: u64,
+        /// What to look at.
+        hint: &'static str,
+    },
+}
+
+fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> UninstallError {
+    let what = what.into();
+    move |source| UninstallError::Api { what, source }
+}
+
+/// What to remove besides the policies.
+#[derive(Debug, Clone)]
+pub struct UninstallOptions {
+    /// Namespace of the chart (and of the node-discovery DaemonSet).
+    pub namespace: String,
+    /// Name of the chart's node-discovery DaemonSet, if it is installed.
+    pub node_discovery: Option<String>,
+    /// Bound of each wait.
+    pub timeout: Duration,
+}
+
+async fn wait_until<F, Fut>(
+    what: &'static str,
+    hint: &'static str,
+    timeout: Duration,
+    mut done: F,
+) -> Result<(), UninstallError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, UninstallError>>,
+{
+    let wait = async {
+        loop {
+            if done().await? {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    tokio::time::timeout(timeout, wait)
+        .await
+        .unwrap_or(Err(UninstallError::Timeout {
+            what,
+            secs: timeout.as_secs(),
+            hint,
+        }))
+}
+
+/// Runs every step; returns how many node labels were removed.
+pub async fn uninstall(
+    client: Client,
+    options: &UninstallOptions,
+) -> Result<usize, UninstallError> {
+    let policies: Api<ClusterPolicy> = Api::all(client.clone());
+    for policy in policies
+        .list_metadata(&ListParams::default())
+        .await
+        .map_err(api("listing ClusterPolicies"))?
+    {
+        let name = policy.name_any();
+        info!(policy = %name, "deleting ClusterPolicy");
+        match policies.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(api(format!("deleting ClusterPolicy {name}"))(e)),
+        }
+    }
+    wait_until(
+        "removing every ClusterPolicy",
+        "the operator's finalizer removes a policy once its node labels are gone: check that the \
+         operator Deployment runs (its log names what fails)",
+        options.timeout,
+        || async {
+            Ok(policies
+                .list_metadata(&ListParams::default())
+                .await
+                .map_err(api("listing ClusterPolicies"))?
+                .items
+                .is_empty())
+        },
+    )
+    .await?;
+    // GFD writes its labels again until its pod is gone (garbage collection
+    // of the operands follows the policy).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &options.namespace);
+    wait_until(
+        "stopping the operand pods",
+        "the operands' DaemonSets are removed by garbage collection once their ClusterPolicy \
+         is gone: check the controller-manager and the operands' nodes",
+        options.timeout,
+        || async {
+            Ok(pods
+                .list_metadata(&ListParams::default().labels(OPERAND_SELECTOR))
+                .await
+                .map_err(api("listing operand pods"))?
+                .items
+                .is_empty())
+        },
+    )
+    .await?;
+
+    let Some(daemonset) = &options.node_discovery else {
+        return remove_node_labels(&client).await;
+    };
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &options.namespace);
+    // Stopped first: a running agent would write its labels again.
+    let selector = match daemonsets.get_opt(daemonset).await.map_err(api(format!(
+        "reading DaemonSet {}/{daemonset}",
+        options.namespace
+    )))? {
+        Some(ds) => {
+            let selector = ds
+                .spec
+                .and_then(|s| s.selector.match_labels)
+                .unwrap_or_default()
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            info!(daemonset = %daemonset, "stopping node discovery");
+            match daemonsets
+                .delete(daemonset, &DeleteParams::foreground())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(api(format!("deleting DaemonSet {daemonset}"))(e)),
+            }
+            Some(selector)
+        }
+        None => None,
+    };
+    if let Some(selector) = selector.filter(|s| !s.is_empty()) {
+        wait_until(
+            "stopping the node-discovery pods",
+            "the pods of the node-discovery DaemonSet did not terminate: check their nodes",
+            options.timeout,
+            || async {
+                Ok(pods
+                    .list_metadata(&ListParams::default().labels(&selector))
+                    .await
+                    .map_err(api("listing node-discovery pods"))?
+                    .items
+                    .is_empty())
+            },
+        )
+        .await?;
+    }
+    remove_node_labels(&client).await
+}
+
+/// Every operand pod carries this label (`desired::render`).
+const OPERAND_SELECTOR: &str = "app.kubernetes.io/part-of=gpu-stack";
+
+/// The merge patch removing, from one node, the labels GFD computes and
+/// those the node-discovery agent wrote (as its ownership annotation records
+/// them, the annotation too); labels others wrote stay. `None`: nothing to do.
+pub fn node_cleanup_patch(labels: &Labels, annotations: &Labels) -> Option<NodePatch> {
+    let mut patch = NodePatch::default();
+    if annotations.contains_key(OWNED_ANNOTATION)
+        && let Some(discovered) = plan_node_patch(&Labels::new(), labels, annotations)
+    {
+        patch.labels = discovered.labels;
+        patch.annotations = discovered.annotations;
+    }
+    let gfd = label_changes(labels, &Labels::new());
+    patch.labels.remove.extend(gfd.into_keys());
+    (!patch.labels.remove.is_empty() || !patch.annotations.is_empty()).then_some(patch)
+}
+
+/// Removes what [`node_cleanup_patch`] names from every node; returns how
+/// many labels went.
+pub async fn remove_node_labels(client: &Client) -> Result<usize, UninstallError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut removed = 0;
+    for node in nodes
+        .list_metadata(&ListParams::default())
+        .await
+        .map_err(api("listing nodes"))?
+    {
+        let annotations: Labels = node.annotations().clone().into_iter().collect();
+        let labels: Labels = node.labels().clone().into_iter().collect();
+        let Some(patch) = node_cleanup_patch(&labels, &annotations) else {
+            continue;
+        };
+        removed += patch.labels.remove.len();
+        let body = merge_patch_body(&patch);
+        let name = node.name_any();
+        nodes
+            .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(api(format!(
+                "removing node-discovery labels from node {name}"
+            )))?;
+    }
+    info!(removed, "removed the labels GFD and node discovery wrote");
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn cleanup_removes_gfd_and_discovered_labels_only() {
+        let node = labels(&[
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+            ("nvidia.com/cuda.driver.major", "570"),
+            ("feature.node.kubernetes.io/pci-10de.present", "true"),
+            ("feature.node.kubernetes.io/system-os_release.ID", "debian"),
+            ("nvidia.com/mig.config", "all-1g.10gb"),
+            ("team", "ml"),
+        ]);
+        let annotations = labels(&[(OWNED_ANNOTATION, "pci-10de.present")]);
+        let patch = node_cleanup_patch(&node, &annotations).expect("a patch");
+        let removed: Vec<&str> = patch.labels.remove.iter().map(String::as_str).collect();
+        for key in [
+            "nvidia.com/gpu.product",
+            "nvidia.com/cuda.driver.major",
+            "feature.node.kubernetes.io/pci-10de.present",
+        ] {
+            assert!(removed.contains(&key), "{key} stays: {removed:?}");
+        }
+        // Written by someone else (not in the annotation), the MIG layout, and
+        // a user's label stay.
+        for key in [
+            "feature.node.kubernetes.io/system-os_release.ID",
+            "nvidia.com/mig.config",
+            "team",
+        ] {
+            assert!(!removed.contains(&key), "{key} removed");
+        }
+        assert_eq!(patch.annotations.get(OWNED_ANNOTATION), Some(&None));
+    }
+
+    #[test]
+    fn a_clean_node_needs_no_patch() {
+        assert!(node_cleanup_patch(&labels(&[("team", "ml")]), &Labels::new()).is_none());
+    }
+}
