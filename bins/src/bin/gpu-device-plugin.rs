@@ -52,6 +52,10 @@ struct Cli {
     /// Root of the host's /dev tree (defaults to the driver root).
     #[arg(long, env = "NVIDIA_DEV_ROOT")]
     dev_root: Option<String>,
+    /// Where the driver root is mounted in this container (default: the
+    /// driver root itself, i.e. running on the host).
+    #[arg(long, env = "CONTAINER_DRIVER_ROOT")]
+    container_driver_root: Option<String>,
     /// Root of the MPS pipe directories.
     #[arg(long, env = "MPS_ROOT")]
     mps_root: Option<String>,
@@ -228,6 +232,9 @@ async fn main() -> Result<()> {
             let host = discover_host_files(
                 &settings.driver_root,
                 &settings.dev_root,
+                cli.container_driver_root
+                    .as_deref()
+                    .unwrap_or(&settings.driver_root),
                 &cli.nvidia_cdi_hook_path,
                 &node.driver_version,
             );

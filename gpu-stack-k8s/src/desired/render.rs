@@ -302,6 +302,17 @@ fn privileged() -> Option<SecurityContext> {
 const VALIDATIONS_VOLUME: &str = "run-nvidia-validations";
 const DRIVER_ROOT_VOLUME: &str = "driver-install-dir";
 const HOST_ROOT_VOLUME: &str = "host-root";
+/// Where the device plugin's pod sees the host's driver root.
+const PLUGIN_DRIVER_ROOT: &str = "/driver-root";
+
+/// The host's driver root (`hostPaths.driverInstallDir`).
+fn driver_install_dir(spec: &ClusterPolicySpec) -> String {
+    spec.host_paths
+        .as_ref()
+        .and_then(|h| h.driver_install_dir.clone())
+        .unwrap_or_else(|| "/run/nvidia/driver".into())
+}
+
 /// Host paths that show a toolkit installed outside the operator, or a
 /// runtime reading CDI specs: NVIDIA's runtime, its containerd drop-in, its
 /// CDI spec, and the CDI spec directories themselves.
@@ -480,6 +491,12 @@ fn component_env(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
         }
         Component::DevicePlugin | Component::GpuFeatureDiscovery => {
             out.push(env("MIG_STRATEGY", spec.mig_strategy()));
+            if c == Component::DevicePlugin {
+                // The CDI spec names host paths; the plugin finds the files
+                // where its pod mounts the driver root (NVIDIA's variables).
+                out.push(env("NVIDIA_DRIVER_ROOT", driver_install_dir(spec)));
+                out.push(env("CONTAINER_DRIVER_ROOT", PLUGIN_DRIVER_ROOT));
+            }
         }
         Component::MigManager => {
             out.push(env("CONFIG_FILE", "/mig-parted-config/config.yaml"));
@@ -506,9 +523,7 @@ fn with_user_env(out: &mut Vec<EnvVar>, spec: &ClusterPolicySpec, c: Component) 
 fn volumes(ctx: &RenderContext, c: Component) -> (Vec<Volume>, Vec<VolumeMount>) {
     let spec = ctx.spec();
     let hp = spec.host_paths.clone().unwrap_or_default();
-    let driver_root = hp
-        .driver_install_dir
-        .unwrap_or_else(|| "/run/nvidia/driver".into());
+    let driver_root = driver_install_dir(spec);
     let root_fs = hp.root_fs.unwrap_or_else(|| "/".into());
     let kubelet = hp
         .kubelet_root_dir
@@ -615,7 +630,7 @@ fn volumes(ctx: &RenderContext, c: Component) -> (Vec<Volume>, Vec<VolumeMount>)
             mounts.push(mount("cdi-root", "/var/run/cdi", false, None));
             mounts.push(mount(
                 DRIVER_ROOT_VOLUME,
-                "/driver-root",
+                PLUGIN_DRIVER_ROOT,
                 true,
                 Some("HostToContainer"),
             ));
@@ -832,6 +847,12 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                 timeout_seconds: Some(5),
                 ..Default::default()
             });
+        }
+        Component::GpuFeatureDiscovery => {
+            // Labels go straight onto the Node (its role may patch nodes), so
+            // no NFD worker is needed to apply them (`--output-file` in the
+            // policy's args adds NFD's feature file).
+            main.args = Some(with_user_args(vec!["--publish".into()], main.args.take()));
         }
         Component::NodeStatusExporter => {
             main.args = Some(with_user_args(

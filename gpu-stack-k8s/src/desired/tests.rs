@@ -305,3 +305,88 @@ fn node_status_exporter_runs_its_subcommand_on_its_port() {
             .any(|e| e.name == "NODE_NAME" && e.value_from.is_some())
     );
 }
+
+#[test]
+fn gfd_patches_its_node_itself_so_no_nfd_worker_is_needed() {
+    let policy = policy_with(serde_json::json!({
+        "gfd": {"args": ["--sleep-interval", "30s"]}
+    }));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::GpuFeatureDiscovery, None);
+    let main = &pod_of(&ds).containers[0];
+    assert_eq!(
+        main.args.clone().unwrap_or_default(),
+        strings(&["--publish", "--sleep-interval", "30s"])
+    );
+}
+
+#[test]
+fn toolkit_check_looks_at_host_traces_only_without_a_toolkit_daemonset() {
+    let check_of = |spec: serde_json::Value| {
+        let policy = policy_with(spec);
+        let ctx = render::RenderContext {
+            policy: &policy,
+            namespace: "gpu-operator",
+        };
+        let ds = render::daemonset(&ctx, Component::OperatorValidator, None);
+        pod_of(&ds)
+            .init_containers
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.name == "toolkit-validation")
+            .expect("a toolkit-validation init container")
+    };
+    let preinstalled = check_of(serde_json::json!({"toolkit": {"enabled": false}}));
+    let args = preinstalled.args.clone().unwrap_or_default();
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--toolkit-evidence", "/host/run/cdi"]),
+        "{args:?}"
+    );
+    assert!(
+        preinstalled
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/host" && m.read_only == Some(true))
+    );
+    let managed = check_of(serde_json::json!({"toolkit": {"enabled": true}}));
+    assert!(
+        !managed
+            .args
+            .unwrap_or_default()
+            .iter()
+            .any(|a| a == "--toolkit-evidence")
+    );
+}
+
+#[test]
+fn validator_env_reaches_every_check() {
+    let policy = policy_with(serde_json::json!({
+        "validator": {"env": [{"name": "GPU_STACK_BACKEND", "value": "simulated"}]}
+    }));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::OperatorValidator, None);
+    for check in pod_of(&ds).init_containers.clone().unwrap_or_default() {
+        if check.env.is_none() {
+            // Wait-only gates read status files and need no backend.
+            continue;
+        }
+        assert!(
+            check
+                .env
+                .iter()
+                .flatten()
+                .any(|e| e.name == "GPU_STACK_BACKEND" && e.value.as_deref() == Some("simulated")),
+            "{} lacks the validator's env",
+            check.name
+        );
+    }
+}

@@ -93,15 +93,27 @@ fn under(root: &str, p: &str) -> PathBuf {
 /// Looks for the driver's libraries (of `driver_version`), binaries and
 /// control device nodes under the given roots. Missing files are left out; on
 /// a machine without the driver the lists are empty.
+///
+/// `container_root` is where this process sees `driver_root` (NVIDIA's
+/// `CONTAINER_DRIVER_ROOT`: the plugin's pod mounts the host's driver root at
+/// `/driver-root`): files are looked for there and recorded under the host
+/// paths. Device nodes are looked for there too when the dev root is the
+/// driver root, otherwise under `dev_root` itself.
 pub fn discover_host_files(
     driver_root: &str,
     dev_root: &str,
+    container_root: &str,
     hook_path: &str,
     driver_version: &str,
 ) -> HostFiles {
+    let dev_lookup = if dev_root == driver_root {
+        container_root
+    } else {
+        dev_root
+    };
     let mut driver_files = Vec::new();
     for dir in LIB_DIRS {
-        let Ok(entries) = std::fs::read_dir(under(driver_root, dir)) else {
+        let Ok(entries) = std::fs::read_dir(under(container_root, dir)) else {
             continue;
         };
         let mut found: Vec<String> = entries
@@ -117,7 +129,7 @@ pub fn discover_host_files(
     }
     for b in BINARIES {
         let p = format!("/usr/bin/{b}");
-        if under(driver_root, &p).exists() {
+        if under(container_root, &p).exists() {
             driver_files.push(p);
         }
     }
@@ -127,7 +139,7 @@ pub fn discover_host_files(
         hook_path: hook_path.to_string(),
         control_nodes: CONTROL_NODES
             .iter()
-            .filter(|p| under(dev_root, p).exists())
+            .filter(|p| under(dev_lookup, p).exists())
             .map(|p| p.to_string())
             .collect(),
         driver_files,
@@ -158,7 +170,7 @@ mod tests {
         .unwrap();
         std::fs::create_dir_all(root.path().join("dev")).unwrap();
         std::fs::write(root.path().join("dev/nvidiactl"), "").unwrap();
-        let host = discover_host_files(r, r, "/usr/bin/nvidia-cdi-hook", "550.1");
+        let host = discover_host_files(r, r, r, "/usr/bin/nvidia-cdi-hook", "550.1");
         assert_eq!(
             host.driver_files,
             vec!["/usr/lib/x86_64-linux-gnu/libcuda.so.550.1".to_string()]
@@ -182,5 +194,20 @@ mod tests {
             .map(|e| e.file_name())
             .collect();
         assert_eq!(names.len(), 1, "no temporary file left behind");
+    }
+
+    #[test]
+    fn files_seen_at_the_container_root_are_recorded_at_the_host_root() {
+        let mounted = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(mounted.path().join("dev")).unwrap();
+        std::fs::write(mounted.path().join("dev/nvidiactl"), "").unwrap();
+        let seen = mounted.path().to_str().unwrap();
+        let host = discover_host_files("/run/nvidia/driver", "/run/nvidia/driver", seen, "/h", "1");
+        assert_eq!(host.control_nodes, vec!["/dev/nvidiactl".to_string()]);
+        assert_eq!(host.driver_root, "/run/nvidia/driver");
+        // Nothing is found where the host path would be inside the container.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let none = discover_host_files(seen, seen, elsewhere.path().to_str().unwrap(), "/h", "1");
+        assert!(none.control_nodes.is_empty());
     }
 }
