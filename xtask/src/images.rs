@@ -253,8 +253,11 @@ impl Archive {
             "size": manifest.size,
             "platform": {"architecture": "amd64", "os": "linux"},
             "annotations": {
+                // containerd names the image from the first; tools that
+                // pick one image of the archive (skopeo's oci-archive:FILE:REF)
+                // from the second.
                 "io.containerd.image.name": name,
-                "org.opencontainers.image.ref.name": tag(),
+                "org.opencontainers.image.ref.name": name,
             },
         }));
         Ok(())

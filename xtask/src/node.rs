@@ -17,9 +17,10 @@
 //!   kubelet always uses `/var/lib/kubelet/device-plugins`).
 //! - cgroups: the kubelet's cgroup root is `/gpu-stack-<port base>` in every
 //!   hierarchy, removed on teardown.
-//! - a simulated GPU host under `/run/gpu-stack-sim`: a fleet file with this
-//!   node's GPUs, their device nodes (`dev/nvidia*`) for CDI injection, and the
-//!   PCI entries of a sysfs tree (`sys/bus/pci/devices`) for node discovery.
+//! - a simulated GPU host: under `/run/gpu-stack-sim` the GPUs' device nodes
+//!   (`dev/nvidia*`) for CDI injection and the PCI entries of a sysfs tree
+//!   (`sys/bus/pci/devices`) for node discovery; the fleet file with this
+//!   node's GPUs in `/run/nvidia/validations/gpu-stack-sim`.
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -46,8 +47,12 @@ const BRIDGE: &str = "gsnode0";
 const SIM_GPUS: u32 = 2;
 const SIM_MODEL: &str = "H100-SXM5-80GB";
 const SIM_PCI_DEVICE: &str = "0x2330";
-/// Inside the node: where the simulated GPU host lives.
+/// Inside the node: the simulated GPU host's device nodes and sysfs tree.
 pub const SIM_DIR: &str = "/run/gpu-stack-sim";
+/// Inside the node: the fleet file (and the operands' shared state file)
+/// live in the validations directory, the one host directory every operand
+/// container mounts writable.
+pub const SIM_SHARED_DIR: &str = "/run/nvidia/validations/gpu-stack-sim";
 
 const NODE_TIMEOUT: Duration = Duration::from_secs(120);
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -771,7 +776,9 @@ fn write_sim_host(node: &NodeLayout) -> Result<()> {
         "# The real test node's simulated GPUs (written by cargo xtask).\n\
          nodes:\n  - name: {NODE_NAME}\n    gpus:\n      - model: {SIM_MODEL}\n        count: {SIM_GPUS}\n"
     );
-    fs::write(sim.join("fleet.yaml"), fleet)?;
+    let shared = node.host_path(SIM_SHARED_DIR);
+    fs::create_dir_all(&shared)?;
+    fs::write(shared.join("fleet.yaml"), fleet)?;
     let mut nodes: Vec<(String, u64)> = (0..SIM_GPUS)
         .map(|i| (format!("nvidia{i}"), u64::from(i)))
         .collect();

@@ -98,12 +98,26 @@ pub fn find_cluster_processes(bin_dir: &Path, state_dir: &Path) -> Vec<(i32, Pat
         if exe.parent() != Some(bin_dir) || !alive(pid) {
             continue;
         }
-        if cmdline(pid).is_some_and(|c| c.contains(&state)) {
+        if cmdline(pid).is_some_and(|c| mentions_dir(&c, &state)) {
             found.push((pid, exe));
         }
     }
     found.sort();
     found
+}
+
+/// True when `cmdline` names `dir` or a path below it (`.cache/cluster` is
+/// not mentioned by `.cache/cluster-rn/...`); an empty `dir` matches all.
+fn mentions_dir(cmdline: &str, dir: &str) -> bool {
+    if dir.is_empty() {
+        return true;
+    }
+    cmdline.match_indices(dir).any(|(at, _)| {
+        matches!(
+            cmdline[at + dir.len()..].chars().next(),
+            None | Some('/') | Some(' ')
+        )
+    })
 }
 
 /// Sends SIGTERM to each process group, waits up to `grace`, then SIGKILLs
@@ -143,5 +157,25 @@ pub fn terminate_groups(pids: &[i32], grace: Duration, mut reap: impl FnMut()) -
 fn signal_group(pid: i32, signal: Signal) {
     if killpg(Pid::from_raw(pid), signal).is_err() {
         let _ = kill(Pid::from_raw(pid), signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mentions_dir;
+
+    #[test]
+    fn a_state_dir_is_not_a_prefix_of_another() {
+        let dir = "/w/.cache/cluster";
+        assert!(mentions_dir(
+            "etcd --data-dir=/w/.cache/cluster/etcd-data",
+            dir
+        ));
+        assert!(mentions_dir("x --state /w/.cache/cluster", dir));
+        assert!(!mentions_dir(
+            "etcd --data-dir=/w/.cache/cluster-rn/etcd-data",
+            dir
+        ));
+        assert!(mentions_dir("anything", ""));
     }
 }
