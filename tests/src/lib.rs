@@ -75,6 +75,9 @@ pub enum E2eError {
     /// The fleet description cannot produce valid nodes.
     #[error("invalid fake GPU fleet: {0}")]
     InvalidFleet(String),
+    /// A check inside a wait found a state that cannot turn good.
+    #[error("{0}")]
+    Check(String),
 }
 
 /// A running test cluster and a client for it.

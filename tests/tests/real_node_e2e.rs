@@ -1,0 +1,781 @@
+//! The whole stack on a real node: `helm install` of the chart on the test
+//! cluster's real kubelet + containerd (`cargo xtask cluster up --real-node`,
+//! always part of `cargo xtask test`), the operator as the chart's
+//! Deployment, the node found without NFD, every operand as a real container
+//! of the project's images on simulated GPUs, workload pods that get exactly
+//! their GPUs, MIG, faults, and `helm uninstall`.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use gpu_stack_e2e::binaries::workspace_binary;
+use gpu_stack_e2e::{TestCluster, wait_for};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+
+/// Directory of the real node (`<state>/node`), set by `cargo xtask test`.
+const NODE_DIR_ENV: &str = "GPU_STACK_E2E_NODE_DIR";
+/// Must match xtask/src/node.rs.
+const NODE_NAME: &str = "gpu-node-real";
+const NAMESPACE: &str = "gpu-operator";
+const RELEASE: &str = "gpu-stack";
+const POLICY: &str = "cluster-policy";
+const BUSYBOX: &str = "localhost/gpu-stack/busybox:0.1.0";
+/// Inside the node, and as seen by the operands (validations directory).
+const SIM_FLEET: &str = "/run/nvidia/validations/gpu-stack-sim/fleet.yaml";
+const SIM_STATE: &str = "/run/nvidia/validations/gpu-stack-sim/state.json";
+/// Bounds that keep a broken node from hanging the run (not speed assertions).
+const ROLLOUT: Duration = Duration::from_secs(300);
+const STEP: Duration = Duration::from_secs(120);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+/// The real node's directory, or an error saying how to get one.
+fn node_dir() -> Result<PathBuf> {
+    let dir = match std::env::var_os(NODE_DIR_ENV).filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => repo_root().join(".cache/cluster/node"),
+    };
+    ensure!(
+        dir.join("kubelet.sh").is_file(),
+        "no real test node at {} ({NODE_DIR_ENV} unset or stale): run `cargo xtask test`, or \
+         `cargo xtask cluster up --real-node` and export the {NODE_DIR_ENV} it prints",
+        dir.display()
+    );
+    Ok(dir)
+}
+
+/// A path inside the node, as the host sees it.
+fn on_node(dir: &Path, inside: &str) -> PathBuf {
+    dir.join("root").join(inside.trim_start_matches('/'))
+}
+
+fn helm() -> Result<PathBuf> {
+    let out = Command::new(repo_root().join("tools/helm/build.sh"))
+        .output()
+        .context("running tools/helm/build.sh")?;
+    ensure!(
+        out.status.success(),
+        "tools/helm/build.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn run_helm(cluster: &TestCluster, args: &[&str]) -> Result<String> {
+    let out = Command::new(helm()?)
+        .args(args)
+        .arg(format!("--kubeconfig={}", cluster.kubeconfig().display()))
+        .output()
+        .context("running helm")?;
+    ensure!(
+        out.status.success(),
+        "helm {} failed: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn node_label(node: &Node, key: &str) -> Option<String> {
+    node.labels().get(key).cloned()
+}
+
+fn allocatable(node: &Node, resource: &str) -> i64 {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(resource))
+        .and_then(|q| q.0.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn policy_state(client: &Client) -> Option<String> {
+    let api: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "nvidia.com",
+            "v1",
+            "ClusterPolicy",
+        )),
+    );
+    let policy = api.get_opt(POLICY).await.ok()??;
+    policy.data["status"]["state"].as_str().map(String::from)
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn phase(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+/// One line per pod of the operator's namespace, for failure messages.
+async fn describe_pods(client: &Client) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let Ok(list) = pods.list(&ListParams::default()).await else {
+        return "(pods could not be listed)".into();
+    };
+    let mut out = String::new();
+    for p in list {
+        let statuses = p
+            .status
+            .as_ref()
+            .map(|s| {
+                s.init_container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(s.container_statuses.iter().flatten())
+                    .map(|c| {
+                        let state = c.state.as_ref();
+                        let why = state
+                            .and_then(|s| s.waiting.as_ref())
+                            .map(|w| {
+                                format!(
+                                    "waiting {} {}",
+                                    w.reason.clone().unwrap_or_default(),
+                                    w.message.clone().unwrap_or_default()
+                                )
+                            })
+                            .or_else(|| {
+                                state.and_then(|s| s.terminated.as_ref()).map(|t| {
+                                    format!(
+                                        "terminated {} ({})",
+                                        t.exit_code,
+                                        t.reason.clone().unwrap_or_default()
+                                    )
+                                })
+                            })
+                            .unwrap_or_else(|| "running".into());
+                        format!("{}: {why} ready={}", c.name, c.ready)
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default();
+        out.push_str(&format!("{} {} [{statuses}]\n", p.name_any(), phase(&p)));
+    }
+    out
+}
+
+/// Last lines of every container log of the operator's namespace on the node.
+fn pod_log_tails(dir: &Path, lines: usize) -> String {
+    let mut out = String::new();
+    let root = on_node(dir, "/var/log/pods");
+    let Ok(pods) = std::fs::read_dir(&root) else {
+        return out;
+    };
+    for pod in pods.flatten() {
+        if !pod.file_name().to_string_lossy().starts_with(NAMESPACE) {
+            continue;
+        }
+        for container in std::fs::read_dir(pod.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for log in std::fs::read_dir(container.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+                let all: Vec<&str> = text.lines().collect();
+                out.push_str(&format!("--- {} ---\n", log.path().display()));
+                for line in &all[all.len().saturating_sub(lines)..] {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
+
+fn busybox_pod(name: &str, resources: &[(&str, &str)], script: &str) -> Result<Pod> {
+    let limits: BTreeMap<&str, &str> = resources.iter().copied().collect();
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "work",
+                "image": BUSYBOX,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", script],
+                "resources": {"limits": limits},
+            }],
+        },
+    }))?)
+}
+
+/// Creates the pod and waits until it runs; returns its log once `marker` shows.
+async fn run_workload(client: &Client, pod: Pod, marker: &str) -> Result<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let name = pod.name_any();
+    pods.create(&PostParams::default(), &pod).await?;
+    let log = wait_for(
+        &format!("workload pod {name} to log {marker:?}"),
+        STEP,
+        || {
+            let pods = pods.clone();
+            let name = name.clone();
+            async move {
+                let Ok(pod) = pods.get(&name).await else {
+                    return Ok(None);
+                };
+                if phase(&pod) != "Running" && phase(&pod) != "Succeeded" {
+                    return Ok(None);
+                }
+                // Through the API server, its egress proxy and the real kubelet.
+                let log = pods
+                    .logs(&name, &LogParams::default())
+                    .await
+                    .unwrap_or_default();
+                Ok(log.contains(marker).then_some(log))
+            }
+        },
+    )
+    .await;
+    match log {
+        Ok(log) => Ok(log),
+        Err(e) => {
+            let pod = pods.get(&name).await.ok();
+            bail!("{e}; pod status: {:?}", pod.and_then(|p| p.status));
+        }
+    }
+}
+
+async fn delete_pod(client: &Client, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let _ = pods
+        .delete(name, &DeleteParams::default().grace_period(0))
+        .await;
+    let _ = wait_for(&format!("pod {name} to go"), STEP, || {
+        let pods = pods.clone();
+        let name = name.to_string();
+        async move {
+            Ok(pods
+                .get_opt(&name)
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+                .then_some(()))
+        }
+    })
+    .await;
+}
+
+async fn the_node(client: &Client) -> Result<Node> {
+    Ok(Api::<Node>::all(client.clone()).get(NODE_NAME).await?)
+}
+
+async fn wait_allocatable(
+    client: &Client,
+    resource: &str,
+    what: &str,
+    ok: impl Fn(i64) -> bool,
+) -> Result<i64> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(wait_for(what, STEP, || {
+        let nodes = nodes.clone();
+        let ok = &ok;
+        async move {
+            let node = nodes.get(NODE_NAME).await?;
+            let n = allocatable(&node, resource);
+            Ok(ok(n).then_some(n))
+        }
+    })
+    .await?)
+}
+
+/// Kills a node process by its pid file and starts it again with the start
+/// script `cargo xtask` wrote, as a process of its own.
+fn restart_node_process(dir: &Path, name: &str) -> Result<()> {
+    let pids = dir
+        .parent()
+        .context("node directory without a parent")?
+        .join("pids");
+    let pid_file = pids.join(format!("{name}.pid"));
+    let pid: i32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
+    let status = Command::new("kill").arg(pid.to_string()).status()?;
+    ensure!(status.success(), "kill {pid} ({name}) failed");
+    for _ in 0..100 {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let child = Command::new("setsid")
+        .arg("/bin/sh")
+        .arg(dir.join(format!("{name}.sh")))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("restarting {name}"))?;
+    std::fs::write(&pid_file, format!("{}\n", child.id()))?;
+    Ok(())
+}
+
+/// Changes the device plugin's DEVICE_LIST_STRATEGY in the ClusterPolicy,
+/// keeping its other env, and waits until the rolled pod is Ready.
+async fn set_device_list_strategy(client: &Client, strategy: &str) -> Result<()> {
+    let api: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "nvidia.com",
+            "v1",
+            "ClusterPolicy",
+        )),
+    );
+    let policy = api.get(POLICY).await?;
+    let mut env: Vec<serde_json::Value> = policy.data["spec"]["devicePlugin"]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    env.retain(|e| e["name"] != "DEVICE_LIST_STRATEGY");
+    env.push(serde_json::json!({"name": "DEVICE_LIST_STRATEGY", "value": strategy}));
+    api.patch(
+        POLICY,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"devicePlugin": {"env": env}}})),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let wanted = strategy.to_string();
+    wait_for(
+        "the device plugin to roll to the new strategy",
+        ROLLOUT,
+        || {
+            let pods = pods.clone();
+            let wanted = wanted.clone();
+            async move {
+                let list = pods
+                    .list(&ListParams::default().labels("app=nvidia-device-plugin-daemonset"))
+                    .await?;
+                let rolled = list.items.len() == 1
+                    && list.items.iter().all(|p| {
+                        pod_ready(p)
+                            && p.metadata.deletion_timestamp.is_none()
+                            && p.spec.as_ref().is_some_and(|s| {
+                                s.containers[0].env.iter().flatten().any(|e| {
+                                    e.name == "DEVICE_LIST_STRATEGY"
+                                        && e.value.as_deref() == Some(wanted.as_str())
+                                })
+                            })
+                    });
+                Ok(rolled.then_some(()))
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn inject_xid(dir: &Path, gpu: u32) -> Result<()> {
+    let out = Command::new(workspace_binary("gpu-stack")?)
+        .args(["gpus", "--backend", "simulated"])
+        .arg("--fleet")
+        .arg(on_node(dir, SIM_FLEET))
+        .arg("--node")
+        .arg(NODE_NAME)
+        .arg("--sim-state")
+        .arg(on_node(dir, SIM_STATE))
+        .arg("--inject-xid")
+        .arg(format!("{gpu}:48"))
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "injecting an Xid failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stack_on_a_real_node() -> Result<()> {
+    let dir = node_dir()?;
+    let cluster = TestCluster::attach().await?;
+    let client = cluster.client();
+    let outcome = scenarios(&cluster, &client, &dir).await;
+    if let Err(e) = outcome {
+        let pods = describe_pods(&client).await;
+        let logs = pod_log_tails(&dir, 15);
+        // Leave nothing behind for the next run.
+        let _ = run_helm(
+            &cluster,
+            &["uninstall", RELEASE, "--namespace", NAMESPACE, "--wait"],
+        );
+        bail!("{e:#}\n--- pods ---\n{pods}--- container logs ---\n{logs}");
+    }
+    Ok(())
+}
+
+async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result<()> {
+    // 1. helm install: the operator runs as the chart's Deployment.
+    let values = repo_root().join("tests/real-node/values.yaml");
+    let chart = repo_root().join("deploy/helm/gpu-stack");
+    let installed = Instant::now();
+    run_helm(
+        cluster,
+        &[
+            "install",
+            RELEASE,
+            &chart.display().to_string(),
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+            "--values",
+            &values.display().to_string(),
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let operator = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=operator"))
+        .await?;
+    ensure!(
+        operator.items.len() == 1 && pod_ready(&operator.items[0]),
+        "the operator Deployment's pod is not ready: {}",
+        describe_pods(client).await
+    );
+
+    // 2. Found as a GPU node without NFD, labelled by the operator.
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for(
+        "node discovery and the operator to label the node",
+        ROLLOUT,
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let node = nodes.get(NODE_NAME).await?;
+                Ok(
+                    (node_label(&node, "feature.node.kubernetes.io/pci-10de.present").as_deref()
+                        == Some("true")
+                        && node_label(&node, "nvidia.com/gpu.present").as_deref() == Some("true"))
+                    .then_some(()),
+                )
+            }
+        },
+    )
+    .await?;
+
+    // 3. The policy is ready with every operand Running and Ready.
+    wait_for("the ClusterPolicy to be ready", ROLLOUT, || async {
+        Ok((policy_state(client).await.as_deref() == Some("ready")).then_some(()))
+    })
+    .await?;
+    eprintln!(
+        "figure: helm install -> ClusterPolicy ready in {:.1}s",
+        installed.elapsed().as_secs_f64()
+    );
+    let all = pods.list(&ListParams::default()).await?;
+    for p in &all.items {
+        ensure!(
+            phase(p) == "Running" && pod_ready(p),
+            "operand pod {} is not Running and Ready:\n{}",
+            p.name_any(),
+            describe_pods(client).await
+        );
+    }
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+    let names: Vec<String> = daemonsets
+        .list(&ListParams::default())
+        .await?
+        .into_iter()
+        .map(|d| d.name_any())
+        .collect();
+    ensure!(
+        !names
+            .iter()
+            .any(|n| n.contains("driver") || n.contains("toolkit")),
+        "a pre-installed driver and a CDI-native runtime get no driver or toolkit DaemonSet: {names:?}"
+    );
+    for expected in [
+        "nvidia-device-plugin-daemonset",
+        "gpu-feature-discovery",
+        "nvidia-dcgm-exporter",
+        "nvidia-mig-manager",
+        "nvidia-operator-validator",
+    ] {
+        ensure!(
+            names.iter().any(|n| n == expected),
+            "no {expected} DaemonSet: {names:?}"
+        );
+    }
+    let gpus = wait_allocatable(client, "nvidia.com/gpu", "2 GPUs allocatable", |n| n == 2).await?;
+    ensure!(gpus == 2);
+    let node = the_node(client).await?;
+    ensure!(
+        node_label(&node, "nvidia.com/gpu.product").is_some_and(|p| p.contains("H100")),
+        "GFD did not label the product: {:?}",
+        node.labels()
+    );
+
+    // 4. A workload gets exactly one GPU: with `cdi-cri`, containerd injects
+    // the device node of the allocated GPU through CDI.
+    let one = busybox_pod(
+        "gpu-workload",
+        &[("nvidia.com/gpu", "1")],
+        "ls /dev | grep nvidia | sed 's/^/DEV=/'; echo DONE; sleep 3600",
+    )?;
+    let log = run_workload(client, one, "DONE").await?;
+    let devs: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix("DEV=")).collect();
+    let gpu_nodes: Vec<&&str> = devs
+        .iter()
+        .filter(|d| {
+            d.strip_prefix("nvidia")
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .collect();
+    ensure!(
+        gpu_nodes.len() == 1 && devs.contains(&"nvidiactl"),
+        "the container does not see exactly one GPU device node and nvidiactl (CDI through \
+         containerd): {devs:?}"
+    );
+
+    // More GPUs than the node has: Pending, with the scheduler's reason.
+    let greedy = busybox_pod("gpu-greedy", &[("nvidia.com/gpu", "3")], "sleep 3600")?;
+    let default_pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    default_pods.create(&PostParams::default(), &greedy).await?;
+    let reason = wait_for("the greedy pod to be unschedulable", STEP, || {
+        let default_pods = default_pods.clone();
+        async move {
+            let pod = default_pods.get("gpu-greedy").await?;
+            Ok(pod
+                .status
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                .and_then(|c| c.message))
+        }
+    })
+    .await?;
+    ensure!(
+        reason.contains("Insufficient nvidia.com/gpu"),
+        "unexpected scheduling message: {reason}"
+    );
+    delete_pod(client, "gpu-greedy").await;
+
+    // 5. The exporter attributes the GPU to the pod (kubelet pod-resources).
+    let exporter = pods
+        .list(&ListParams::default().labels("app=nvidia-dcgm-exporter"))
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .context("no exporter pod")?;
+    let exporter_name = exporter.name_any();
+    wait_for(
+        "the exporter to attribute a GPU to gpu-workload",
+        STEP,
+        || {
+            let client = client.clone();
+            let exporter_name = exporter_name.clone();
+            async move {
+                let req = http::Request::get(format!(
+                    "/api/v1/namespaces/{NAMESPACE}/pods/{exporter_name}:9400/proxy/metrics"
+                ))
+                .body(Vec::new())
+                .map_err(|e| gpu_stack_e2e::E2eError::Check(e.to_string()))?;
+                let text = client.request_text(req).await.unwrap_or_default();
+                Ok(text
+                    .lines()
+                    .any(|l| {
+                        l.starts_with("DCGM_FI_DEV_GPU_UTIL") && l.contains("pod=\"gpu-workload\"")
+                    })
+                    .then_some(()))
+            }
+        },
+    )
+    .await?;
+
+    // 7a. An Xid: allocatable drops, then recovers after the quiet period.
+    let gpu_index = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("DEV=nvidia"))
+        .find_map(|n| n.parse::<u32>().ok())
+        .context("no GPU index")?;
+    inject_xid(dir, gpu_index)?;
+    wait_allocatable(
+        client,
+        "nvidia.com/gpu",
+        "allocatable to drop after an Xid",
+        |n| n == 1,
+    )
+    .await?;
+    wait_allocatable(
+        client,
+        "nvidia.com/gpu",
+        "allocatable to recover after the Xid",
+        |n| n == 2,
+    )
+    .await?;
+
+    // 7b. containerd restarts: running pods keep their GPUs.
+    let before = default_pods.get("gpu-workload").await?;
+    let container_id = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.container_id.clone())
+    };
+    restart_node_process(dir, "containerd")?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = default_pods.get("gpu-workload").await?;
+    ensure!(
+        phase(&after) == "Running" && container_id(&after) == container_id(&before),
+        "the workload did not survive a containerd restart: {:?}",
+        after.status
+    );
+
+    // 4b. The `envvar` strategy (NVIDIA's default): the policy changes, the
+    // device plugin rolls, and a pod gets NVIDIA_VISIBLE_DEVICES with
+    // exactly one GPU.
+    set_device_list_strategy(client, "envvar").await?;
+    wait_allocatable(
+        client,
+        "nvidia.com/gpu",
+        "the rolled device plugin to register",
+        |n| n == 2,
+    )
+    .await?;
+
+    // 7c. The kubelet restarts: the plugin registers again, new pods get GPUs.
+    restart_node_process(dir, "kubelet")?;
+    let restarted = Instant::now();
+    let second = busybox_pod(
+        "gpu-after-restart",
+        &[("nvidia.com/gpu", "1")],
+        "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 3600",
+    )?;
+    let log2 = run_workload(client, second, "DONE").await?;
+    eprintln!(
+        "figure: kubelet restart -> a GPU pod admitted and running in {:.1}s",
+        restarted.elapsed().as_secs_f64()
+    );
+    let visible: Vec<&str> = log2
+        .lines()
+        .filter_map(|l| l.strip_prefix("VISIBLE="))
+        .collect();
+    ensure!(
+        visible.len() == 1 && visible[0].starts_with("GPU-") && !visible[0].contains(','),
+        "NVIDIA_VISIBLE_DEVICES is not exactly one GPU: {log2}"
+    );
+    delete_pod(client, "gpu-after-restart").await;
+    delete_pod(client, "gpu-workload").await;
+
+    // 6. MIG: the manager pauses the clients, applies, restores; the plugin
+    // advertises the profile; a pod gets one MIG device.
+    nodes
+        .patch(
+            NODE_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"labels": {"nvidia.com/mig.config": "all-1g.10gb"}}
+            })),
+        )
+        .await?;
+    wait_for("the MIG config to be applied", ROLLOUT, || {
+        let nodes = nodes.clone();
+        async move {
+            let node = nodes.get(NODE_NAME).await?;
+            match node_label(&node, "nvidia.com/mig.config.state").as_deref() {
+                Some("failed") => Err(gpu_stack_e2e::E2eError::Check(format!(
+                    "mig.config.state=failed: {:?}",
+                    node.annotations()
+                ))),
+                Some("success") => Ok(Some(())),
+                _ => Ok(None),
+            }
+        }
+    })
+    .await?;
+    let migs = wait_allocatable(
+        client,
+        "nvidia.com/mig-1g.10gb",
+        "MIG devices allocatable",
+        |n| n == 14,
+    )
+    .await?;
+    ensure!(migs == 14, "2 H100 x 7 1g.10gb instances");
+    let mig_pod = busybox_pod(
+        "mig-workload",
+        &[("nvidia.com/mig-1g.10gb", "1")],
+        "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 3600",
+    )?;
+    let log3 = run_workload(client, mig_pod, "DONE").await?;
+    let mig_visible: Vec<&str> = log3
+        .lines()
+        .filter_map(|l| l.strip_prefix("VISIBLE="))
+        .collect();
+    ensure!(
+        mig_visible.len() == 1
+            && mig_visible[0].starts_with("MIG-")
+            && !mig_visible[0].contains(','),
+        "the MIG pod does not see exactly one MIG device: {log3}"
+    );
+    delete_pod(client, "mig-workload").await;
+
+    // 8. helm uninstall: everything the stack made is gone, and the labels
+    // the operator, GFD and node discovery wrote (the MIG layout's stay).
+    run_helm(
+        cluster,
+        &[
+            "uninstall",
+            RELEASE,
+            "--namespace",
+            NAMESPACE,
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )?;
+    wait_for("the operands and the node labels to go", ROLLOUT, || {
+        let nodes = nodes.clone();
+        let daemonsets = daemonsets.clone();
+        async move {
+            let node = nodes.get(NODE_NAME).await?;
+            let left: Vec<String> = node
+                .labels()
+                .keys()
+                .filter(|k| {
+                    k.starts_with("nvidia.com/gpu.")
+                        || k.starts_with("nvidia.com/cuda.")
+                        || k.starts_with("feature.node.kubernetes.io/")
+                })
+                .cloned()
+                .collect();
+            let ds = daemonsets.list(&ListParams::default()).await?;
+            Ok((left.is_empty() && ds.items.is_empty()).then_some(()))
+        }
+    })
+    .await?;
+    Ok(())
+}
