@@ -186,6 +186,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
 /// runs), then start the cluster, run the tests and always tear it down.
 fn test(layout: &Layout, real_node: bool) -> Result<ExitCode> {
     procs::install_interrupt_handler()?;
+    // The exporter's tests scrape it with a real Prometheus.
+    node::ensure_debian_packages(&node::PROMETHEUS_PACKAGES)?;
+    if real_node {
+        node::ensure_packages()?;
+    }
     cargo(&["test", "--workspace", "--all-targets", "--no-run"])?;
     if real_node {
         // The real node's images are made from these binaries.

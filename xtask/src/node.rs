@@ -142,9 +142,18 @@ pub fn egress_selector_config(node: &NodeLayout) -> String {
     )
 }
 
+/// Debian packages the exporter's tests need: a real Prometheus and promtool.
+pub const PROMETHEUS_PACKAGES: [(&str, &str); 1] = [("/usr/bin/promtool", "prometheus")];
+
 /// Installs the Debian packages the node needs when they are missing.
 pub fn ensure_packages() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+    ensure_debian_packages(&DEBIAN_PACKAGES)
+}
+
+/// Installs those of `packages` (file it provides, package) whose file is
+/// missing, with apt-get when running as root; otherwise says what to install.
+pub fn ensure_debian_packages(packages: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .filter(|(path, _)| !Path::new(path).exists())
         .map(|(_, package)| *package)
@@ -154,7 +163,7 @@ pub fn ensure_packages() -> Result<()> {
     }
     if !nix::unistd::Uid::effective().is_root() {
         bail!(
-            "the real test node needs the Debian packages {}: install them \
+            "the tests need the Debian packages {}: install them \
              (`sudo apt-get install {}`) or run as root, which installs them",
             missing.join(", "),
             missing.join(" ")
