@@ -18,6 +18,7 @@
 //! assert_eq!(inventory.gpus.len(), 2);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+pub mod fsutil;
 pub mod migapply;
 pub mod nvml;
 pub mod sim;

@@ -97,9 +97,8 @@ fn settings(cli: &Cli) -> Result<Settings> {
 fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = dir.join(format!(".gfd.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename into {}", path.display()))
+    gpu_stack_nvml::fsutil::write_atomic(path, text.as_bytes())?;
+    Ok(())
 }
 
 async fn compute(backend: &Arc<dyn GpuBackend>, settings: &Settings) -> Result<Labels> {
