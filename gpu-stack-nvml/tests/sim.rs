@@ -125,6 +125,113 @@ fn concurrent_writers_on_one_state_file_never_lose_updates() {
 }
 
 #[test]
+fn state_file_is_replaced_never_rewritten_in_place_and_locked_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("node.json");
+    let spec = SimNodeSpec::uniform("n0", "A100-SXM4-40GB", 1);
+    let b = SimulatedBackend::with_state_file(&spec, &state).unwrap();
+    let lock = gpu_stack_nvml::sim::state::lock_path(&state);
+    assert_eq!(lock, dir.path().join("node.json.lock"));
+    assert!(lock.exists());
+    // A reader holding the old file keeps its complete old content after a write.
+    let mut old = std::fs::File::open(&state).unwrap();
+    b.set_mig_mode(0, true).unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut old, &mut text).unwrap();
+    let before: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(before["gpus"][0]["mig_current"], false);
+    assert!(b.mig_mode(0).unwrap().current);
+    // No temporary files are left beside it.
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["node.json", "node.json.lock"]);
+}
+
+#[test]
+fn an_empty_or_corrupt_state_file_is_refused_not_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("node.json");
+    let spec = SimNodeSpec::uniform("n0", "A100-SXM4-40GB", 1);
+    for content in ["", "  \n", "{\"version\": 1, \"node\": \"n0\""] {
+        std::fs::write(&state, content).unwrap();
+        let err = SimulatedBackend::with_state_file(&spec, &state).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("node.json"), "{msg}");
+        assert!(msg.contains("delete it"), "{msg}");
+        // Left as it was, for a person to look at.
+        assert_eq!(std::fs::read_to_string(&state).unwrap(), content);
+    }
+    // A huge corrupt file is quoted only in part.
+    std::fs::write(&state, "x".repeat(100_000)).unwrap();
+    let msg = SimulatedBackend::with_state_file(&spec, &state)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.len() < 2_000, "{} bytes", msg.len());
+    assert!(msg.contains("more characters"), "{msg}");
+    // A missing file starts from the spec.
+    std::fs::remove_file(&state).unwrap();
+    SimulatedBackend::with_state_file(&spec, &state).unwrap();
+    assert!(state.exists());
+}
+
+#[test]
+fn a_state_file_with_duplicate_ids_is_refused_on_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("node.json");
+    let spec = SimNodeSpec::uniform("n0", "A100-SXM4-40GB", 2);
+    let b = SimulatedBackend::with_state_file(&spec, &state).unwrap();
+    b.set_mig_mode(0, true).unwrap();
+    let gi = b
+        .create_gpu_instance(0, 19, SlicePlacement { start: 0, size: 1 })
+        .unwrap();
+    b.create_compute_instance(0, gi.id, 1).unwrap();
+    drop(b);
+    let good: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    type Break = fn(&mut serde_json::Value);
+    let cases: [(&str, Break); 4] = [
+        ("UUID", |v| {
+            v["gpus"][1]["uuid"] = v["gpus"][0]["uuid"].clone();
+        }),
+        ("index", |v| {
+            v["gpus"][1]["index"] = 0.into();
+        }),
+        ("two GPU instances with id", |v| {
+            let gi = v["gpus"][0]["gpu_instances"][0].clone();
+            v["gpus"][0]["gpu_instances"]
+                .as_array_mut()
+                .unwrap()
+                .push(gi);
+        }),
+        ("two compute instances with id", |v| {
+            let ci = v["gpus"][0]["gpu_instances"][0]["compute_instances"][0].clone();
+            let mut ci2 = ci.clone();
+            ci2["uuid"] = "MIG-other".into();
+            let list = v["gpus"][0]["gpu_instances"][0]["compute_instances"]
+                .as_array_mut()
+                .unwrap();
+            list.push(ci2);
+        }),
+    ];
+    for (needle, break_it) in cases {
+        let mut v = good.clone();
+        break_it(&mut v);
+        std::fs::write(&state, serde_json::to_vec(&v).unwrap()).unwrap();
+        let msg = SimulatedBackend::with_state_file(&spec, &state)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(needle), "{needle}: {msg}");
+        assert!(
+            msg.contains("node.json") && msg.contains("delete it"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
 fn mig_mode_change_can_need_a_reset() {
     let mut spec = SimNodeSpec::uniform("n0", "H100-SXM5-80GB", 1);
     spec.mig_change_needs_reset = true;

@@ -1,9 +1,10 @@
 //! State of a simulated node and where it lives: in memory for one process, or in
 //! a state file shared by several processes (the device plugin, the exporter and
-//! the MIG manager of one node), guarded by an exclusive file lock.
+//! the MIG manager of one node), guarded by an exclusive lock on a sibling lock
+//! file ([`lock_path`]) and replaced atomically on every change, so a process
+//! killed at any moment leaves the old state or the new one.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -168,58 +169,85 @@ fn io_err(path: &Path, what: &str, e: std::io::Error) -> BackendError {
     }
 }
 
+/// The lock file of state file `path`: `<path>.lock` in the same directory.
+/// State writes replace the state file by rename, so a lock on the state file
+/// itself would lock an inode that the next write unlinks; the lock file is
+/// never replaced, and every process sharing the directory (also from other
+/// containers through a bind mount) locks the same inode.
+pub fn lock_path(path: &Path) -> PathBuf {
+    sibling(path, ".lock")
+}
+
+/// The lock file that serialises whole MIG applies on state file `path`:
+/// `<path>.apply.lock`.
+pub fn apply_lock_path(path: &Path) -> PathBuf {
+    sibling(path, ".apply.lock")
+}
+
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Opens (creating it when missing) and locks exclusively the lock file at
+/// `lock`, for state file `state`. The lock lasts until the file is dropped.
+pub(crate) fn lock_file(lock: &Path, state: &Path) -> Result<File, BackendError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(lock)
+        .map_err(|e| lock_err(lock, state, "open", e))?;
+    file.lock().map_err(|e| lock_err(lock, state, "lock", e))?;
+    Ok(file)
+}
+
+fn lock_err(lock: &Path, state: &Path, what: &str, e: std::io::Error) -> BackendError {
+    BackendError::Other {
+        message: format!(
+            "lock file {} of simulated GPU state file {}: {what}: {e} (the directory of the --sim-state file must be writable by every process sharing it)",
+            lock.display(),
+            state.display()
+        ),
+    }
+}
+
+/// Reads the state file: `None` when it does not exist.
+fn read_state(path: &Path) -> Result<Option<NodeState>, BackendError> {
+    match std::fs::read(path) {
+        Ok(bytes) => parse_state(path, &bytes).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err(path, "read", e)),
+    }
+}
+
 impl Store {
-    /// A state file at `path`: created from `initial` when missing or empty, and
-    /// left as it is when it already holds a node (so a second process joins the
-    /// first one's GPUs). A file for another node or format is refused.
+    /// A state file at `path`: created from `initial` when missing, and left as
+    /// it is when it already holds a node (so a second process joins the first
+    /// one's GPUs). An empty or corrupt file, or one for another node or
+    /// format, is refused (never silently replaced: it may hold instances and
+    /// events that a reset would lose).
     pub fn open_file(path: &Path, initial: NodeState) -> Result<Store, BackendError> {
         let store = Store::File(path.to_path_buf());
-        store.with_file(|file| {
-            let mut text = String::new();
-            file.read_to_string(&mut text)
-                .map_err(|e| io_err(path, "read", e))?;
-            if text.trim().is_empty() {
-                write_state(file, path, &initial)?;
-                return Ok(());
-            }
-            let existing = parse_state(path, &text)?;
-            if existing.node != initial.node {
-                return Err(BackendError::InvalidArgument {
-                    gpu: 0,
-                    detail: format!(
-                        "state file {} belongs to node {:?}, not {:?}; use another --sim-state file per node",
-                        path.display(),
-                        existing.node,
-                        initial.node
-                    ),
-                });
-            }
-            Ok(())
-        })?;
-        Ok(store)
-    }
-
-    fn with_file<R>(
-        &self,
-        f: impl FnOnce(&mut File) -> Result<R, BackendError>,
-    ) -> Result<R, BackendError> {
-        let Store::File(path) = self else {
-            return Err(BackendError::Other {
-                message: "internal: not a file store".into(),
-            });
+        let _lock = lock_file(&lock_path(path), path)?;
+        let Some(existing) = read_state(path)? else {
+            write_state(path, &initial)?;
+            return Ok(store);
         };
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| io_err(path, "open", e))?;
-        file.lock().map_err(|e| io_err(path, "lock", e))?;
-        let out = f(&mut file);
-        // Closing the file releases the lock; an explicit unlock reports errors.
-        let _ = file.unlock();
-        out
+        if existing.node != initial.node {
+            return Err(BackendError::InvalidArgument {
+                gpu: 0,
+                detail: format!(
+                    "state file {} belongs to node {:?}, not {:?}; use another --sim-state file per node",
+                    path.display(),
+                    existing.node,
+                    initial.node
+                ),
+            });
+        }
+        Ok(store)
     }
 
     /// Runs `f` on the state under the lock; writes it back when `f` changed it.
@@ -235,50 +263,131 @@ impl Store {
                 })?;
                 f(&mut guard)
             }
-            Store::File(path) => self.with_file(|file| {
-                let mut text = String::new();
-                file.read_to_string(&mut text)
-                    .map_err(|e| io_err(path, "read", e))?;
-                let mut state = parse_state(path, &text)?;
+            Store::File(path) => {
+                let _lock = lock_file(&lock_path(path), path)?;
+                let Some(mut state) = read_state(path)? else {
+                    return Err(BackendError::Other {
+                        message: format!(
+                            "simulated GPU state file {} was removed while in use (restart the processes sharing it to start again from the fleet file)",
+                            path.display()
+                        ),
+                    });
+                };
                 let before = state.clone();
                 let out = f(&mut state);
                 if state != before {
-                    write_state(file, path, &state)?;
+                    write_state(path, &state)?;
                 }
                 out
-            }),
+            }
         }
     }
 }
 
-fn parse_state(path: &Path, text: &str) -> Result<NodeState, BackendError> {
-    let state: NodeState = serde_json::from_str(text).map_err(|e| BackendError::Other {
+/// How much of a bad state file an error message quotes.
+const QUOTE_CHARS: usize = 200;
+
+fn invalid(path: &Path, why: &str) -> BackendError {
+    BackendError::Other {
         message: format!(
-            "simulated GPU state file {} is not valid: {e} (delete it to start over)",
+            "simulated GPU state file {} is not valid: {why} (delete it to start again from the fleet file; its MIG instances, processes and events are then lost)",
             path.display()
         ),
+    }
+}
+
+/// Parses and checks a state file's content.
+pub fn parse_state(path: &Path, bytes: &[u8]) -> Result<NodeState, BackendError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(invalid(
+            path,
+            "it is empty (a write was cut short, or something truncated it)",
+        ));
+    }
+    let state: NodeState = serde_json::from_slice(bytes).map_err(|e| {
+        let text = String::from_utf8_lossy(bytes);
+        let quoted: String = text.chars().take(QUOTE_CHARS).collect();
+        let more = text.chars().count().saturating_sub(QUOTE_CHARS);
+        let tail = if more > 0 {
+            format!(" … ({more} more characters)")
+        } else {
+            String::new()
+        };
+        invalid(path, &format!("{e}; it starts {quoted:?}{tail}"))
     })?;
     if state.version != STATE_VERSION {
         return Err(BackendError::Other {
             message: format!(
-                "simulated GPU state file {} has format version {}, this build reads {STATE_VERSION} (delete it to start over)",
+                "simulated GPU state file {} has format version {}, this build reads {STATE_VERSION} (delete it to start again from the fleet file)",
                 path.display(),
                 state.version
             ),
         });
     }
+    check_ids(&state).map_err(|why| invalid(path, &why))?;
     Ok(state)
 }
 
-fn write_state(file: &mut File, path: &Path, state: &NodeState) -> Result<(), BackendError> {
+/// Every GPU sits at the position its index names and has a UUID of its own;
+/// GPU-instance ids are unique on their GPU, compute-instance ids within their
+/// GPU instance, MIG device UUIDs on the node.
+pub fn check_ids(state: &NodeState) -> Result<(), String> {
+    use std::collections::BTreeSet;
+    let mut uuids = BTreeSet::new();
+    for (pos, gpu) in state.gpus.iter().enumerate() {
+        if gpu.index as usize != pos {
+            return Err(format!(
+                "GPU number {pos} in the list has index {} (indices must be 0, 1, 2, … in order, each once)",
+                gpu.index
+            ));
+        }
+        if !uuids.insert(gpu.uuid.as_str()) {
+            return Err(format!(
+                "GPU {} has UUID {} that another GPU also has",
+                gpu.index, gpu.uuid
+            ));
+        }
+        let mut gis = BTreeSet::new();
+        for gi in &gpu.gpu_instances {
+            if !gis.insert(gi.id) {
+                return Err(format!(
+                    "GPU {} has two GPU instances with id {}",
+                    gpu.index, gi.id
+                ));
+            }
+            let mut cis = BTreeSet::new();
+            for ci in &gi.compute_instances {
+                if !cis.insert(ci.id) {
+                    return Err(format!(
+                        "GPU {} GPU instance {} has two compute instances with id {}",
+                        gpu.index, gi.id, ci.id
+                    ));
+                }
+                if !uuids.insert(ci.uuid.as_str()) {
+                    return Err(format!(
+                        "GPU {} GPU instance {} compute instance {} has UUID {} that another device also has",
+                        gpu.index, gi.id, ci.id, ci.uuid
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write_state(path: &Path, state: &NodeState) -> Result<(), BackendError> {
     let text = serde_json::to_vec_pretty(state).map_err(|e| BackendError::Other {
         message: format!("could not encode simulated GPU state: {e}"),
     })?;
-    file.set_len(0).map_err(|e| io_err(path, "truncate", e))?;
-    file.seek(SeekFrom::Start(0))
-        .map_err(|e| io_err(path, "seek", e))?;
-    file.write_all(&text)
-        .map_err(|e| io_err(path, "write", e))?;
-    file.flush().map_err(|e| io_err(path, "flush", e))?;
-    Ok(())
+    match crate::fsutil::write_atomic(path, &text) {
+        Ok(()) => Ok(()),
+        Err(e @ crate::fsutil::AtomicWriteError::NotDurable { .. }) => {
+            // Every reader already sees the new state; only durability is in doubt.
+            tracing::warn!("{e}");
+            Ok(())
+        }
+        Err(e) => Err(BackendError::Other {
+            message: format!("simulated GPU state not saved, so the change was not made: {e}"),
+        }),
+    }
 }
