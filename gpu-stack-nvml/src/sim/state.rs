@@ -214,6 +214,39 @@ fn lock_err(lock: &Path, state: &Path, what: &str, e: std::io::Error) -> Backend
     }
 }
 
+/// Removes the temporary files a killed writer left beside state file `path`
+/// ([`crate::fsutil::write_atomic`]'s `.<name>.*.tmp`). Called under the lock:
+/// every writer holds it while its temporary file exists, so any found now is
+/// stale. Failures only leave the files behind.
+fn remove_stale_temporaries(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let file = file.to_string_lossy();
+        if file.starts_with(&prefix) && file.ends_with(".tmp") {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::debug!(file = %entry.path().display(), "removed a temporary file a killed writer left")
+                }
+                Err(e) => {
+                    tracing::debug!(file = %entry.path().display(), "could not remove a stale temporary file: {e}")
+                }
+            }
+        }
+    }
+}
+
 /// Reads the state file: `None` when it does not exist.
 fn read_state(path: &Path) -> Result<Option<NodeState>, BackendError> {
     match std::fs::read(path) {
@@ -232,6 +265,7 @@ impl Store {
     pub fn open_file(path: &Path, initial: NodeState) -> Result<Store, BackendError> {
         let store = Store::File(path.to_path_buf());
         let _lock = lock_file(&lock_path(path), path)?;
+        remove_stale_temporaries(path);
         let Some(existing) = read_state(path)? else {
             write_state(path, &initial)?;
             return Ok(store);
