@@ -188,7 +188,12 @@ impl MigPartedConfig {
         let doc: Value =
             serde_yaml::from_str(text).map_err(|e| err("(document)", format!("not YAML: {e}")))?;
         let map = match doc {
-            Value::Null => return Ok(MigPartedConfig::default()),
+            Value::Null => {
+                return Err(err(
+                    "(document)",
+                    "is empty (no YAML, `~` or only comments); a mig-parted file needs `version: v1` and at least one config under `mig-configs`",
+                ));
+            }
             Value::Mapping(m) => m,
             other => {
                 return Err(err(

@@ -186,7 +186,7 @@ fn validation_rules() {
         let e = parse(s).unwrap_err();
         assert!(e.contains(why), "{s}: {e}");
     };
-    ok("");
+    bad("", "is empty");
     ok(
         "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {}\n",
     );
@@ -242,4 +242,20 @@ fn validation_rules() {
 #[test]
 fn embedded_file_is_the_shipped_file() {
     assert!(DEFAULT_CONFIG_YAML.starts_with("version: v1"));
+}
+
+#[test]
+fn an_empty_or_comment_only_file_is_refused() {
+    for text in [
+        "",
+        "  \n",
+        "~",
+        "# only a comment\n# and another\n",
+        "---\n",
+    ] {
+        let e = MigPartedConfig::from_yaml(text).unwrap_err();
+        assert_eq!(e.path, "(document)", "{text:?}");
+        assert!(e.reason.contains("is empty"), "{text:?}: {e}");
+        assert!(e.reason.contains("version: v1"), "{text:?}: {e}");
+    }
 }
