@@ -484,6 +484,38 @@ pub trait HealthEvents: Send {
     fn wait(&mut self, timeout: Duration) -> Result<Option<HealthEvent>, BackendError>;
 }
 
+/// A held [`GpuBackend::lock_mig_changes`] lock: released when dropped.
+pub struct MigChangeLock {
+    held: Option<Box<dyn Send>>,
+}
+
+impl MigChangeLock {
+    /// A lock that holds nothing.
+    pub fn none() -> Self {
+        MigChangeLock { held: None }
+    }
+
+    /// A lock that lasts as long as `held` (a backend's lock guard or file).
+    pub fn holding(held: impl Send + 'static) -> Self {
+        MigChangeLock {
+            held: Some(Box::new(held)),
+        }
+    }
+
+    /// Whether it holds anything.
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
+    }
+}
+
+impl std::fmt::Debug for MigChangeLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MigChangeLock")
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
 /// The GPUs of one node, as every agent sees them.
 ///
 /// Implementations must be cheap to share (`Arc<dyn GpuBackend>`) and safe to call
@@ -590,6 +622,14 @@ pub trait GpuBackend: Send + Sync {
 
     /// Subscribes to Xid and GPU-lost events of every GPU.
     fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError>;
+
+    /// Holds off every other MIG apply on this node (in any process) until the
+    /// returned lock drops, waiting while another one holds it, so two applies
+    /// serialise instead of interleaving step by step. Other calls are not
+    /// held off. The default holds nothing (the driver has no such lock).
+    fn lock_mig_changes(&self) -> Result<MigChangeLock, BackendError> {
+        Ok(MigChangeLock::none())
+    }
 
     /// Compute processes running on a GPU, each with its MIG instance when MIG
     /// is on (the MIG manager refuses to destroy busy instances). Backends

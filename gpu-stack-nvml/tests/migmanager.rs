@@ -412,3 +412,54 @@ fn from_clean_h100_node_call_counts() {
     let r = run(&b, &cfg, "all-balanced").unwrap();
     assert!(r.change_calls < r.from_scratch_calls, "{r}");
 }
+
+#[test]
+fn two_applies_on_one_state_file_run_one_after_the_other() {
+    use std::sync::{Arc, Barrier, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("node.json");
+    let spec = SimNodeSpec::uniform("n0", "H100-SXM5-80GB", 2);
+    SimulatedBackend::with_state_file(&spec, &state).unwrap();
+    let lock = gpu_stack_nvml::sim::state::apply_lock_path(&state);
+    let steps: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let start = Arc::new(Barrier::new(2));
+    let handles: Vec<_> = ["all-1g.10gb", "all-7g.80gb"]
+        .into_iter()
+        .map(|name| {
+            let (spec, state, lock) = (spec.clone(), state.clone(), lock.clone());
+            let (steps, start) = (steps.clone(), start.clone());
+            std::thread::spawn(move || {
+                let b = SimulatedBackend::with_state_file(&spec, &state).unwrap();
+                start.wait();
+                apply(
+                    &b,
+                    &shipped(),
+                    name,
+                    ApplyOptions::default(),
+                    &NoProcesses,
+                    &mut |_| {
+                        // Inside an apply nobody else can take the apply lock.
+                        let other = std::fs::File::open(&lock).unwrap();
+                        assert!(matches!(
+                            other.try_lock(),
+                            Err(std::fs::TryLockError::WouldBlock)
+                        ));
+                        steps.lock().unwrap().push(name);
+                    },
+                )
+                .unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let steps = steps.lock().unwrap();
+    // One apply's steps, then the other's: never interleaved.
+    let switches = steps.windows(2).filter(|w| w[0] != w[1]).count();
+    assert!(switches <= 1, "interleaved steps: {steps:?}");
+    let last = *steps.last().unwrap();
+    let b = SimulatedBackend::with_state_file(&spec, &state).unwrap();
+    let report = run(&b, &shipped(), last).unwrap();
+    assert_eq!(report.change_calls, 0, "the node holds {last}");
+}

@@ -541,7 +541,8 @@ pub enum ApplyEvent<'a> {
 /// changes when any GPU cannot take it), refuses to destroy busy instances
 /// unless `force`, then runs the minimal steps, re-reading the GPUs after MIG
 /// mode changes. Safe to run again at any time; a converged node costs only
-/// the reads.
+/// the reads. Holds [`GpuBackend::lock_mig_changes`] throughout, so two
+/// applies on one node run one after the other.
 pub fn apply(
     backend: &dyn GpuBackend,
     config: &MigPartedConfig,
@@ -551,6 +552,10 @@ pub fn apply(
     on_event: &mut dyn FnMut(ApplyEvent<'_>),
 ) -> Result<ApplyReport, ApplyError> {
     const MAX_ROUNDS: u32 = 4;
+    // Another apply on this node would interleave its steps with ours.
+    let _held = backend
+        .lock_mig_changes()
+        .map_err(|source| ApplyError::Read { gpu: None, source })?;
     let mut report = ApplyReport {
         outcome: ApplyOutcome::Converged,
         change_calls: 0,

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use gpu_stack_core::backend::{
     BackendError, CallClass, ComputeInstance, Fault, FaultError, FaultSpec, GpuBackend, GpuInfo,
     GpuInstance, GpuInstanceProfile, GpuProcess, GpuTelemetry, HealthEvent, HealthEventKind,
-    HealthEvents, MigMode, MigModeChange, MigTelemetry, SimTelemetry, SlicePlacement, SystemInfo,
+    HealthEvents, MigChangeLock, MigMode, MigModeChange, MigTelemetry, SimTelemetry,
+    SlicePlacement, SystemInfo,
 };
 use gpu_stack_core::catalog::{self, GpuModel};
 use gpu_stack_core::fleet::{Fleet, FleetNode, FleetProcess};
@@ -1357,6 +1358,13 @@ impl GpuBackend for SimulatedBackend {
             let mut out: Vec<GpuProcess> = g.processes.iter().map(proc_public).collect();
             out.sort_by_key(|p| (p.gpu_instance_id, p.compute_instance_id, p.pid));
             Ok(out)
+        })
+    }
+
+    fn lock_mig_changes(&self) -> Result<MigChangeLock, BackendError> {
+        Ok(match self.shared.store.lock_applies()? {
+            Some(file) => MigChangeLock::holding(file),
+            None => MigChangeLock::none(),
         })
     }
 

@@ -247,6 +247,36 @@ fn remove_stale_temporaries(path: &Path) {
     }
 }
 
+impl Store {
+    /// Takes the whole-apply lock of a file store ([`apply_lock_path`]),
+    /// waiting while another process holds it; `None` for a memory store.
+    pub fn lock_applies(&self) -> Result<Option<File>, BackendError> {
+        let Store::File(path) = self else {
+            return Ok(None);
+        };
+        let lock = apply_lock_path(path);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .map_err(|e| lock_err(&lock, path, "open", e))?;
+        match file.try_lock() {
+            Ok(()) => return Ok(Some(file)),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                tracing::info!(
+                    lock = %lock.display(),
+                    "another MIG apply is running on this simulated node; waiting for it to finish"
+                );
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(lock_err(&lock, path, "lock", e)),
+        }
+        file.lock().map_err(|e| lock_err(&lock, path, "lock", e))?;
+        Ok(Some(file))
+    }
+}
+
 /// Reads the state file: `None` when it does not exist.
 fn read_state(path: &Path) -> Result<Option<NodeState>, BackendError> {
     match std::fs::read(path) {
