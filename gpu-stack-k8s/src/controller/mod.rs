@@ -17,6 +17,7 @@
 //! ready asks to be requeued after a short delay.
 pub mod client;
 pub mod events;
+pub mod operand_pods;
 pub mod operator_pass;
 pub mod ops;
 pub mod runner;

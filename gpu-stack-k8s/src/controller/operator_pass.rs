@@ -15,6 +15,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
 use super::events::{Decision, Severity};
+use super::operand_pods;
 use super::watches::{CacheError, Caches};
 use super::{Pass, PassReport};
 use crate::cluster::kube_cluster::KubeCluster;
@@ -66,11 +67,14 @@ pub struct OperatorPass {
     operator: Operator<KubeCluster>,
     caches: Caches,
     published: Mutex<BTreeSet<(String, String, String)>>,
+    /// Operand pods, read only while the policy is not ready.
+    pods: kube::Api<k8s_openapi::api::core::v1::Pod>,
 }
 
 impl OperatorPass {
     /// Builds the pass for operands in `namespace`.
     pub fn new(client: kube::Client, caches: Caches, namespace: &str) -> Self {
+        let pods = kube::Api::namespaced(client.clone(), namespace);
         let cluster = KubeCluster::new(client, namespace, caches.clone());
         let operator = Operator::new(cluster).with_options(Options {
             namespace: namespace.to_string(),
@@ -79,11 +83,43 @@ impl OperatorPass {
             operator,
             caches,
             published: Mutex::new(BTreeSet::new()),
+            pods,
         }
     }
 
     fn cluster(&self) -> &KubeCluster {
         self.operator.cluster()
+    }
+
+    /// Warnings for operand images the nodes cannot pull (one bounded read
+    /// of Pending operand pods; a failed read only loses the warning).
+    async fn image_problems(&self, policy: &ClusterPolicy) -> Vec<(ObjectReference, Decision)> {
+        let params = kube::api::ListParams::default()
+            .labels(operand_pods::OPERAND_SELECTOR)
+            .fields("status.phase=Pending")
+            .limit(100);
+        let pods = match self.pods.list(&params).await {
+            Ok(list) => list.items,
+            Err(err) => {
+                tracing::debug!(%err, "cannot list pending operand pods");
+                return Vec::new();
+            }
+        };
+        let policy_ref = policy.object_ref(&());
+        operand_pods::image_problems(&pods)
+            .into_iter()
+            .map(|p| {
+                (
+                    policy_ref.clone(),
+                    Decision {
+                        severity: Severity::Warning,
+                        reason: "OperandImagePullFailed".into(),
+                        note: p.note(),
+                        action: "Pull".into(),
+                    },
+                )
+            })
+            .collect()
     }
 
     async fn set_finalizers(
@@ -307,6 +343,9 @@ impl Pass for OperatorPass {
         let (gpu_nodes, has_nfd) = gpu_node_census(&nodes);
         let status = status_of(&report);
         let mut decided = decisions(&policy, &report);
+        if status == ReconciliationStatus::NotReady {
+            decided.extend(self.image_problems(&policy).await);
+        }
         // Nodes whose operands another agent paused: say so once.
         for n in nodes.iter() {
             for (k, v) in paused_operands(n.labels()) {
