@@ -61,6 +61,11 @@ struct Args {
     /// With --uninstall: how long each step may take.
     #[arg(long, default_value_t = 120, requires = "uninstall")]
     uninstall_timeout_seconds: u64,
+    /// With --uninstall: how long the running operator gets to clean up after
+    /// the policies; past it (no operator running) the labels it added and
+    /// its finalizer are removed here.
+    #[arg(long, default_value_t = 30, requires = "uninstall")]
+    uninstall_operator_grace_seconds: u64,
 }
 
 fn main() -> ExitCode {
@@ -77,6 +82,7 @@ async fn operate(args: Args) -> Result<()> {
             namespace: args.namespace,
             node_discovery: args.node_discovery_daemonset,
             timeout: Duration::from_secs(args.uninstall_timeout_seconds),
+            operator_grace: Duration::from_secs(args.uninstall_operator_grace_seconds),
         };
         let removed = uninstall(client, &options)
             .await

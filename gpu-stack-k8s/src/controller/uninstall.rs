@@ -15,9 +15,10 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::clusterpolicy::ClusterPolicy;
+use crate::controller::operator_pass::{FINALIZER, cleanup_patch};
 use crate::deviceplugin::labels::label_changes;
 use crate::migmanager::NodePatch;
 use crate::migmanager::kube_node::merge_patch_body;
@@ -59,6 +60,9 @@ pub struct UninstallOptions {
     pub node_discovery: Option<String>,
     /// Bound of each wait.
     pub timeout: Duration,
+    /// How long the operator gets to clean up after the policies before this
+    /// does it in its place.
+    pub operator_grace: Duration,
 }
 
 async fn wait_until<F, Fut>(
@@ -107,19 +111,38 @@ pub async fn uninstall(
             Err(e) => return Err(api(format!("deleting ClusterPolicy {name}"))(e)),
         }
     }
+    let policies_gone = || async {
+        Ok(policies
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(api("listing ClusterPolicies"))?
+            .items
+            .is_empty())
+    };
+    let operator_done = wait_until(
+        "the operator's cleanup",
+        "",
+        options.operator_grace,
+        policies_gone,
+    )
+    .await;
+    if let Err(UninstallError::Timeout { .. }) = operator_done {
+        // The operator is not running (a failed install, a crash loop): do
+        // its cleanup in its place, or the policies stay stuck for good.
+        warn!(
+            secs = options.operator_grace.as_secs(),
+            "the operator did not remove the ClusterPolicies; removing its node labels and \
+             finalizer in its place"
+        );
+        cleanup_in_place_of_operator(&client, &policies).await?;
+    } else {
+        operator_done?;
+    }
     wait_until(
         "removing every ClusterPolicy",
-        "the operator's finalizer removes a policy once its node labels are gone: check that the \
-         operator Deployment runs (its log names what fails)",
+        "a finalizer other than gpu-stack's holds a ClusterPolicy: see its metadata.finalizers",
         options.timeout,
-        || async {
-            Ok(policies
-                .list_metadata(&ListParams::default())
-                .await
-                .map_err(api("listing ClusterPolicies"))?
-                .items
-                .is_empty())
-        },
+        policies_gone,
     )
     .await?;
     // GFD writes its labels again until its pod is gone (garbage collection
@@ -189,6 +212,67 @@ pub async fn uninstall(
         .await?;
     }
     remove_node_labels(&client).await
+}
+
+/// What the operator's finalizer does, done here: the labels the operator
+/// added are removed from every node, then its finalizer from every policy.
+async fn cleanup_in_place_of_operator(
+    client: &Client,
+    policies: &Api<ClusterPolicy>,
+) -> Result<(), UninstallError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in nodes
+        .list_metadata(&ListParams::default())
+        .await
+        .map_err(api("listing nodes"))?
+    {
+        let labels: Labels = node.labels().clone().into_iter().collect();
+        let patch = cleanup_patch(&labels);
+        if patch.is_empty() {
+            continue;
+        }
+        let name = node.name_any();
+        nodes
+            .patch_metadata(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "metadata": { "labels": patch } })),
+            )
+            .await
+            .map_err(api(format!(
+                "removing the operator's labels from node {name}"
+            )))?;
+    }
+    for policy in policies
+        .list_metadata(&ListParams::default())
+        .await
+        .map_err(api("listing ClusterPolicies"))?
+    {
+        let rest: Vec<String> = policy
+            .finalizers()
+            .iter()
+            .filter(|f| f.as_str() != FINALIZER)
+            .cloned()
+            .collect();
+        if rest.len() == policy.finalizers().len() {
+            continue;
+        }
+        let name = policy.name_any();
+        let body = serde_json::json!({ "metadata": { "finalizers": rest } });
+        match policies
+            .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => {
+                return Err(api(format!(
+                    "removing the finalizer of ClusterPolicy {name}"
+                ))(e));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every operand pod carries this label (`desired::render`).
