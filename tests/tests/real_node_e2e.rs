@@ -419,7 +419,10 @@ async fn the_stack_on_a_real_node() -> Result<()> {
     let dir = node_dir()?;
     let cluster = TestCluster::attach().await?;
     let client = cluster.client();
-    let outcome = scenarios(&cluster, &client, &dir).await;
+    let mut outcome = scenarios(&cluster, &client, &dir).await;
+    if outcome.is_ok() {
+        outcome = bad_input(&cluster, &client).await;
+    }
     if let Err(e) = outcome {
         let pods = describe_pods(&client).await;
         let logs = pod_log_tails(&dir, 15);
@@ -493,15 +496,23 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         "figure: helm install -> ClusterPolicy ready in {:.1}s",
         installed.elapsed().as_secs_f64()
     );
-    let all = pods.list(&ListParams::default()).await?;
-    for p in &all.items {
-        ensure!(
-            phase(p) == "Running" && pod_ready(p),
-            "operand pod {} is not Running and Ready:\n{}",
-            p.name_any(),
-            describe_pods(client).await
-        );
-    }
+    // Every pod of the stack Running and Ready (probes run every few seconds,
+    // so a pod may still turn Ready just after the policy did).
+    wait_for(
+        "every pod of the stack to be Running and Ready",
+        STEP,
+        || {
+            let pods = pods.clone();
+            async move {
+                let all = pods.list(&ListParams::default()).await?.items;
+                Ok(all
+                    .iter()
+                    .all(|p| phase(p) == "Running" && pod_ready(p))
+                    .then_some(()))
+            }
+        },
+    )
+    .await?;
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
     let names: Vec<String> = daemonsets
         .list(&ListParams::default())
@@ -693,6 +704,26 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
 
     // 6. MIG: the manager pauses the clients, applies, restores; the plugin
     // advertises the profile; a pod gets one MIG device.
+    let clients = |list: Vec<Pod>| -> BTreeMap<String, String> {
+        list.into_iter()
+            .filter_map(|p| {
+                let app = p.labels().get("app")?.clone();
+                let uid = p.metadata.uid.clone()?;
+                [
+                    "nvidia-device-plugin-daemonset",
+                    "gpu-feature-discovery",
+                    "nvidia-dcgm-exporter",
+                ]
+                .contains(&app.as_str())
+                .then_some((app, uid))
+            })
+            .collect()
+    };
+    let before_mig = clients(pods.list(&ListParams::default()).await?.items);
+    ensure!(
+        before_mig.len() == 3,
+        "MIG clients before the change: {before_mig:?}"
+    );
     nodes
         .patch(
             NODE_NAME,
@@ -702,6 +733,8 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
             })),
         )
         .await?;
+    // Applied: the state says success again *and* the plugin advertises the
+    // new profile (the state alone still says success from the old config).
     wait_for("the MIG config to be applied", ROLLOUT, || {
         let nodes = nodes.clone();
         async move {
@@ -711,12 +744,39 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
                     "mig.config.state=failed: {:?}",
                     node.annotations()
                 ))),
-                Some("success") => Ok(Some(())),
+                Some("success") if allocatable(&node, "nvidia.com/mig-1g.10gb") > 0 => Ok(Some(())),
                 _ => Ok(None),
             }
         }
     })
     .await?;
+    // The clients' pods really left while the GPUs changed: each is a new pod.
+    let after_mig = wait_for("the MIG clients to run again", ROLLOUT, || {
+        let pods = pods.clone();
+        let clients = &clients;
+        async move {
+            let list = pods.list(&ListParams::default()).await?.items;
+            let ready = list.iter().filter(|p| pod_ready(p)).cloned().collect();
+            let now = clients(ready);
+            Ok((now.len() == 3).then_some(now))
+        }
+    })
+    .await?;
+    for (app, uid) in &before_mig {
+        ensure!(
+            after_mig.get(app) != Some(uid),
+            "{app} was not paused for the MIG change (same pod {uid})"
+        );
+    }
+    let node = the_node(client).await?;
+    ensure!(
+        !node
+            .labels()
+            .values()
+            .any(|v| v.contains("paused-for-mig-change")),
+        "deploy labels were not restored after the MIG change: {:?}",
+        node.labels()
+    );
     let migs = wait_allocatable(
         client,
         "nvidia.com/mig-1g.10gb",
@@ -777,5 +837,180 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         }
     })
     .await?;
+    Ok(())
+}
+
+/// Names of what the chart's release left in the cluster (by its instance
+/// label), ClusterPolicies, and the node's GPU labels.
+async fn leftovers(client: &Client) -> Result<Vec<String>> {
+    let mut left = Vec::new();
+    let selector = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
+    for (kind, names) in [
+        (
+            "Deployment",
+            Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), NAMESPACE)
+                .list_metadata(&selector)
+                .await?
+                .items
+                .iter()
+                .map(|o| o.name_any())
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "DaemonSet",
+            Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(|o| o.name_any())
+                .collect(),
+        ),
+        (
+            "ClusterRole (the operator's)",
+            Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone())
+                .list_metadata(
+                    &ListParams::default().labels("app.kubernetes.io/managed-by=gpu-stack"),
+                )
+                .await?
+                .items
+                .iter()
+                .map(|o| o.name_any())
+                .collect(),
+        ),
+        (
+            "ClusterRole",
+            Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone())
+                .list_metadata(&selector)
+                .await?
+                .items
+                .iter()
+                .map(|o| o.name_any())
+                .collect(),
+        ),
+    ] {
+        left.extend(names.into_iter().map(|n| format!("{kind}/{n}")));
+    }
+    if policy_state(client).await.is_some()
+        || Api::<kube::api::DynamicObject>::all_with(
+            client.clone(),
+            &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+                "nvidia.com",
+                "v1",
+                "ClusterPolicy",
+            )),
+        )
+        .get_opt(POLICY)
+        .await?
+        .is_some()
+    {
+        left.push(format!("ClusterPolicy/{POLICY}"));
+    }
+    let node = the_node(client).await?;
+    left.extend(
+        node.labels()
+            .keys()
+            .filter(|k| {
+                k.starts_with("nvidia.com/gpu.")
+                    || k.starts_with("nvidia.com/cuda.")
+                    || k.starts_with("feature.node.kubernetes.io/")
+            })
+            .map(|k| format!("label {k}")),
+    );
+    Ok(left)
+}
+
+/// Bad input: a value that cannot work fails an `--atomic` install, which
+/// leaves nothing behind; an operand image that cannot be pulled is named in
+/// an Event.
+async fn bad_input(cluster: &TestCluster, client: &Client) -> Result<()> {
+    let values = repo_root().join("tests/real-node/values.yaml");
+    let chart = repo_root().join("deploy/helm/gpu-stack");
+    let (chart, values) = (chart.display().to_string(), values.display().to_string());
+    let base = [
+        "install",
+        RELEASE,
+        chart.as_str(),
+        "--namespace",
+        NAMESPACE,
+        "--values",
+        values.as_str(),
+    ];
+
+    // An operator that cannot listen on its port (below 1024, and the chart
+    // drops every capability) never gets ready: helm gives up and rolls
+    // back, running the uninstall hook with no operator to finish.
+    let mut atomic = base.to_vec();
+    atomic.extend([
+        "--atomic",
+        "--wait",
+        "--timeout",
+        "60s",
+        "--set",
+        "operator.metricsPort=1",
+    ]);
+    let failed = run_helm(cluster, &atomic);
+    ensure!(failed.is_err(), "an install that cannot work succeeded");
+    let left = wait_for(
+        "the rolled-back install to leave nothing",
+        ROLLOUT,
+        || async {
+            let left = leftovers(client)
+                .await
+                .map_err(|e| gpu_stack_e2e::E2eError::Check(format!("{e:#}")))?;
+            Ok(left.is_empty().then_some(left))
+        },
+    )
+    .await;
+    if left.is_err() {
+        bail!(
+            "a failed --atomic install left {:?} ({})",
+            leftovers(client).await?,
+            failed.err().map(|e| format!("{e:#}")).unwrap_or_default()
+        );
+    }
+
+    // An operand image that does not exist: the policy is not ready and an
+    // Event names the image, the pod and the node.
+    let missing = "localhost/gpu-stack/gpu-device-plugin:0.0.0-missing";
+    let mut install = base.to_vec();
+    install.extend(["--set", "devicePlugin.version=0.0.0-missing"]);
+    run_helm(cluster, &install)?;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let note = wait_for("an Event naming the missing image", ROLLOUT, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await?;
+            Ok(list.items.into_iter().find_map(|e| {
+                (e.reason.as_deref() == Some("OperandImagePullFailed"))
+                    .then_some(e.note.unwrap_or_default())
+                    .filter(|n| n.contains(missing))
+            }))
+        }
+    })
+    .await?;
+    ensure!(
+        note.contains(NODE_NAME),
+        "the Event does not name the node: {note}"
+    );
+    ensure!(
+        policy_state(client).await.as_deref() == Some("notReady"),
+        "a policy whose device plugin cannot start is not notReady"
+    );
+    run_helm(
+        cluster,
+        &[
+            "uninstall",
+            RELEASE,
+            "--namespace",
+            NAMESPACE,
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )?;
+    let left = leftovers(client).await?;
+    ensure!(left.is_empty(), "uninstall left {left:?}");
     Ok(())
 }
