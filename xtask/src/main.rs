@@ -191,11 +191,9 @@ fn test(layout: &Layout, real_node: bool) -> Result<ExitCode> {
     if real_node {
         node::ensure_packages()?;
     }
+    // This also builds every binary (the binaries' tests run them), with the
+    // features of the test build: the real node's images are made from them.
     cargo(&["test", "--workspace", "--all-targets", "--no-run"])?;
-    if real_node {
-        // The real node's images are made from these binaries.
-        cargo(&["build", "-p", "gpu-stack-bins", "--bins"])?;
-    }
     gobuild::ensure_built(layout)?;
 
     let (kubeconfig, owned) = match cluster::running(layout)? {
