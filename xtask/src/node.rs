@@ -767,6 +767,8 @@ imageGCLowThresholdPercent: 99
 localStorageCapacityIsolation: false
 serializeImagePulls: false
 maxPods: 110
+# One node: report allocatable changes (device health) within 2 s.
+nodeStatusUpdateFrequency: 2s
 "#,
         ca = node.pki.join("ca.crt").display(),
         cgroup_root = node.cgroup_root,
