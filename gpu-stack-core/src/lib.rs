@@ -32,6 +32,7 @@ pub mod backend;
 pub mod catalog;
 pub mod cdi;
 pub mod deviceplugin;
+pub mod echo;
 pub mod fleet;
 pub mod gfd;
 pub mod metrics;
