@@ -407,6 +407,8 @@ fn fit(name: &str, demand: &str, output: Output) -> Result<ExitCode> {
             ));
         }
     }
+    // A count no GPU of this model can hold is bad input (exit 2), not "does not fit".
+    mig::check_demand(g, &d).with_context(|| format!("demand on {name}"))?;
     let result = mig::fit(g, &d);
     match (&result, output) {
         (Ok(l), Output::Json) => print_json(&serde_json::json!({ "fits": true, "layout": l }))?,

@@ -20,7 +20,7 @@ pub use geometry::{
 pub use name::{MediaVariant, MigProfileName, ProfileNameError};
 pub use plan::{FleetGpu, FleetPlan, GpuPlan, PlanError, ProfileOutcome, plan_fleet};
 pub use search::{
-    EnumerateError, FitError, Reconfiguration, enumerate_layouts, enumerate_maximal_layouts, fit,
-    reconfigure, reconfigure_to_layout,
+    EnumerateError, FitError, Reconfiguration, check_demand, enumerate_layouts,
+    enumerate_maximal_layouts, fit, reconfigure, reconfigure_to_layout,
 };
 pub use validate::{ValidateOptions, Violation, validate, validate_with};

@@ -177,6 +177,19 @@ pub enum FitError {
         /// Allowed.
         max: u32,
     },
+    /// A demand asks for more of a profile than one GPU can ever hold; refused
+    /// before any work (or allocation) sized by the count.
+    #[error(
+        "{count} × {profile} requested, but one GPU of this model holds at most {max} {profile} instances; lower the count to {max} or less"
+    )]
+    CountAboveMaximum {
+        /// Profile name.
+        profile: String,
+        /// Requested.
+        count: u32,
+        /// Most instances of the profile one GPU can hold.
+        max: u32,
+    },
     /// The totals cannot fit.
     #[error(
         "the request needs {compute} compute slices, {memory} memory slices and {instances} instances; this GPU has {compute_available}, {memory_available} and {instances_available}"
@@ -226,6 +239,8 @@ pub(crate) fn expand_demand(
     geometry: &MigGeometry,
     demand: &Demand,
 ) -> Result<Vec<usize>, FitError> {
+    // Bounds every count first: the expansion below allocates per instance.
+    check_demand(geometry, demand)?;
     let mut gi_counts = vec![0u32; geometry.gi_profiles.len()];
     let mut ci_slices: Vec<Vec<u32>> = vec![Vec::new(); geometry.gi_profiles.len()];
     for (name, count) in demand {
@@ -235,11 +250,12 @@ pub(crate) fn expand_demand(
                 profile: name.to_string(),
                 available: geometry.profile_list(),
             })?;
+        let gi = &geometry.gi_profiles[idx];
         if name.is_gpu_instance() {
-            gi_counts[idx] += count;
+            gi_counts[idx] = gi_counts[idx].saturating_add(*count);
         } else {
             let c = name.compute_slices();
-            let g = geometry.gi_profiles[idx].compute_slices;
+            let g = gi.compute_slices;
             if c == 0 || c > g {
                 return Err(FitError::UnknownProfile {
                     profile: name.to_string(),
@@ -275,6 +291,53 @@ pub(crate) fn expand_demand(
             .then(a.cmp(b))
     });
     Ok(items)
+}
+
+/// Refuses a count above what one GPU can hold, before anything is sized by it.
+fn check_count(name: &MigProfileName, count: u32, max: u32) -> Result<(), FitError> {
+    if count > max {
+        return Err(FitError::CountAboveMaximum {
+            profile: name.to_string(),
+            count,
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// Checks every count of a demand against the most instances of its profile
+/// one GPU of `geometry` can hold, and every profile exists. `fit` and
+/// `reconfigure` run this check first; callers use it to tell bad input (a
+/// count no GPU of this model could ever meet) from a demand that just does
+/// not fit.
+pub fn check_demand(geometry: &MigGeometry, demand: &Demand) -> Result<(), FitError> {
+    for (name, count) in demand {
+        let idx = geometry
+            .resolve_index(name)
+            .ok_or_else(|| FitError::UnknownProfile {
+                profile: name.to_string(),
+                available: geometry.profile_list(),
+            })?;
+        let gi = &geometry.gi_profiles[idx];
+        if name.is_gpu_instance() {
+            check_count(name, *count, gi.max_instances)?;
+        } else {
+            let c = name.compute_slices();
+            if c == 0 || c > gi.compute_slices {
+                return Err(FitError::UnknownProfile {
+                    profile: name.to_string(),
+                    available: geometry.profile_list(),
+                });
+            }
+            // Each GPU instance holds at most g / c compute instances of c slices.
+            check_count(
+                name,
+                *count,
+                gi.max_instances.saturating_mul(gi.compute_slices / c),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 fn precheck(geometry: &MigGeometry, items: &[usize]) -> Result<(), FitError> {
@@ -1152,6 +1215,65 @@ mod tests {
                 let fast = enumerate(g, None, maximal).unwrap();
                 assert_eq!(fast, reference(g, None, maximal));
             }
+        }
+    }
+
+    #[test]
+    fn a_count_of_u32_max_is_refused_with_the_maximum() {
+        let g = catalog::lookup("H100-SXM5-80GB")
+            .unwrap()
+            .mig
+            .as_ref()
+            .unwrap();
+        let demand = crate::mig::parse_demand("1g.10gb=4294967295").unwrap();
+        let e = fit(g, &demand).unwrap_err();
+        assert_eq!(
+            e,
+            FitError::CountAboveMaximum {
+                profile: "1g.10gb".into(),
+                count: u32::MAX,
+                max: 7
+            }
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("4294967295") && msg.contains("at most 7"),
+            "{msg}"
+        );
+        let ci = crate::mig::parse_demand("1c.7g.80gb=4294967295").unwrap();
+        assert!(matches!(
+            reconfigure(g, &[], &ci),
+            Err(FitError::CountAboveMaximum { max: 7, .. })
+        ));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any count above what one GPU holds is refused by `check_demand`,
+        /// `fit` and `reconfigure` alike, naming the profile, count and maximum,
+        /// before anything is sized by the count (counts up to u32::MAX).
+        #[test]
+        fn counts_above_the_maximum_are_refused(
+            model in any::<prop::sample::Index>(),
+            profile in any::<prop::sample::Index>(),
+            excess in 1u32..=u32::MAX,
+            compute in any::<bool>(),
+        ) {
+            let g = *model.get(&mig_geometries());
+            let p = profile.get(&g.gi_profiles);
+            let (name, max) = if compute {
+                (p.name.clone().with_compute(1), p.max_instances * p.compute_slices)
+            } else {
+                (p.name.clone(), p.max_instances)
+            };
+            let count = max.saturating_add(excess);
+            prop_assume!(count > max);
+            let demand = vec![(name.clone(), count)];
+            let want = FitError::CountAboveMaximum { profile: name.to_string(), count, max };
+            prop_assert_eq!(check_demand(g, &demand), Err(want.clone()));
+            prop_assert_eq!(fit(g, &demand), Err(want.clone()));
+            prop_assert_eq!(reconfigure(g, &[], &demand).map(|_| ()), Err(want));
         }
     }
 
