@@ -68,15 +68,21 @@ impl fmt::Display for Clipped<'_> {
 /// The items joined with `", "`, at most [`MAX_LIST_ITEMS`] of them, then
 /// `", ... and K more"`. Each item is itself clipped.
 pub fn join_capped<T: fmt::Display>(items: &[T]) -> String {
+    join_capped_at(items, MAX_LIST_ITEMS)
+}
+
+/// [`join_capped`] naming at most `max` items: for lists a reader picks from
+/// (the config names of a file), where a longer list helps.
+pub fn join_capped_at<T: fmt::Display>(items: &[T], max: usize) -> String {
     let mut out = String::new();
-    for (i, item) in items.iter().take(MAX_LIST_ITEMS).enumerate() {
+    for (i, item) in items.iter().take(max).enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
         out.push_str(&clipped(&item.to_string()).to_string());
     }
-    if items.len() > MAX_LIST_ITEMS {
-        out.push_str(&format!(", ... and {} more", items.len() - MAX_LIST_ITEMS));
+    if items.len() > max {
+        out.push_str(&format!(", ... and {} more", items.len() - max));
     }
     out
 }

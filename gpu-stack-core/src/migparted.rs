@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde_yaml::Value;
 
 use crate::catalog::{GpuModel, format_pci_id, parse_pci_id};
+use crate::echo;
 use crate::mig::{self, Demand, MigProfileName, PlacedInstance};
 
 /// NVIDIA's published default mig-parted config file.
@@ -71,7 +72,7 @@ impl fmt::Display for Devices {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Devices::All => f.write_str("all"),
-            Devices::Indices(v) => write!(f, "{v:?}"),
+            Devices::Indices(v) => write!(f, "[{}]", echo::join_capped(v)),
         }
     }
 }
@@ -164,7 +165,29 @@ fn err(path: impl Into<String>, reason: impl Into<String>) -> MigPartedError {
 fn key_str(k: &Value, path: &str) -> Result<String, MigPartedError> {
     k.as_str()
         .map(str::to_string)
-        .ok_or_else(|| err(path, format!("keys must be strings, found {k:?}")))
+        .ok_or_else(|| err(path, format!("keys must be strings, found {}", describe(k))))
+}
+
+/// A YAML value in words, for messages: `the string "v2"`, `the number 2.5`,
+/// `false`, `a list of 3 items`; echoed text is clipped.
+pub fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "nothing (an empty value)".into(),
+        Value::Bool(b) => format!("{b}"),
+        Value::Number(n) => format!("the number {}", echo::clipped(&n.to_string())),
+        Value::String(s) => format!("the string {}", echo::quoted(s)),
+        Value::Sequence(l) => match l.len() {
+            0 => "an empty list".into(),
+            1 => "a list of 1 item".into(),
+            n => format!("a list of {n} items"),
+        },
+        Value::Mapping(m) => match m.len() {
+            0 => "an empty mapping".into(),
+            1 => "a mapping of 1 key".into(),
+            n => format!("a mapping of {n} keys"),
+        },
+        Value::Tagged(t) => format!("a value tagged {}", echo::clipped(&t.tag.to_string())),
+    }
 }
 
 impl MigPartedConfig {
@@ -198,7 +221,10 @@ impl MigPartedConfig {
             other => {
                 return Err(err(
                     "(document)",
-                    format!("expected a mapping with version and mig-configs, found {other:?}"),
+                    format!(
+                        "expected a mapping with version and mig-configs, found {}",
+                        describe(&other)
+                    ),
                 ));
             }
         };
@@ -210,7 +236,7 @@ impl MigPartedConfig {
                 "mig-configs" => configs = Some(v),
                 other => {
                     return Err(err(
-                        other,
+                        echo::clipped(other).to_string(),
                         "unknown top-level field; only version and mig-configs are allowed",
                     ));
                 }
@@ -221,7 +247,10 @@ impl MigPartedConfig {
             Some(v) => {
                 return Err(err(
                     "version",
-                    format!("unsupported version {v:?}; only v1 exists"),
+                    format!(
+                        "unsupported version {}; only v1 exists, write `version: v1`",
+                        describe(v)
+                    ),
                 ));
             }
             None => return Err(err("version", "missing; add `version: v1`")),
@@ -234,7 +263,7 @@ impl MigPartedConfig {
             Some(v) => {
                 return Err(err(
                     "mig-configs",
-                    format!("must map config names to lists, found {v:?}"),
+                    format!("must map config names to lists, found {}", describe(v)),
                 ));
             }
             None => return Err(err("mig-configs", "missing")),
@@ -242,7 +271,7 @@ impl MigPartedConfig {
         let mut mig_configs = Vec::new();
         for (k, v) in configs {
             let name = key_str(k, "mig-configs")?;
-            let path = format!("mig-configs.{name}");
+            let path = format!("mig-configs.{}", echo::clipped(&name));
             let Value::Sequence(items) = v else {
                 return Err(err(path, "must be a list of entries"));
             };
@@ -276,7 +305,7 @@ fn parse_spec(v: &Value, path: &str) -> Result<MigConfigSpec, MigPartedError> {
             "mig-devices" => mig_devices = Some(v),
             other => {
                 return Err(err(
-                    format!("{path}.{other}"),
+                    format!("{path}.{}", echo::clipped(other)),
                     "unknown field; allowed: device-filter, devices, mig-enabled, mig-devices",
                 ));
             }
@@ -290,13 +319,16 @@ fn parse_spec(v: &Value, path: &str) -> Result<MigConfigSpec, MigPartedError> {
             .iter()
             .map(|x| match x {
                 Value::String(s) => parse_filter(s, &fpath),
-                other => Err(err(&fpath, format!("{other:?} is not a string"))),
+                other => Err(err(&fpath, format!("{} is not a string", describe(other)))),
             })
             .collect::<Result<_, _>>()?,
         Some(other) => {
             return Err(err(
                 fpath,
-                format!("must be a string or a list of strings, found {other:?}"),
+                format!(
+                    "must be a string or a list of strings, found {}",
+                    describe(other)
+                ),
             ));
         }
     };
@@ -310,7 +342,10 @@ fn parse_spec(v: &Value, path: &str) -> Result<MigConfigSpec, MigPartedError> {
                     x.as_u64()
                         .and_then(|n| u32::try_from(n).ok())
                         .ok_or_else(|| {
-                            err(&dpath, format!("{x:?} is not a non-negative GPU index"))
+                            err(
+                                &dpath,
+                                format!("{} is not a non-negative GPU index", describe(x)),
+                            )
                         })
                 })
                 .collect::<Result<_, _>>()?,
@@ -318,7 +353,10 @@ fn parse_spec(v: &Value, path: &str) -> Result<MigConfigSpec, MigPartedError> {
         Some(other) => {
             return Err(err(
                 dpath,
-                format!("must be exactly \"all\" or a list of GPU indices, found {other:?}"),
+                format!(
+                    "must be exactly \"all\" or a list of GPU indices, found {}",
+                    describe(other)
+                ),
             ));
         }
     };
@@ -328,7 +366,7 @@ fn parse_spec(v: &Value, path: &str) -> Result<MigConfigSpec, MigPartedError> {
         Some(other) => {
             return Err(err(
                 epath,
-                format!("must be true or false, found {other:?}"),
+                format!("must be true or false, found {}", describe(other)),
             ));
         }
         None => return Err(err(epath, "missing; set true or false")),
@@ -339,20 +377,34 @@ fn parse_spec(v: &Value, path: &str) -> Result<MigConfigSpec, MigPartedError> {
         None | Some(Value::Null) => false,
         Some(Value::Mapping(md)) => {
             for (k, v) in md {
-                let key = key_str(k, &mpath)?;
-                let name = MigProfileName::parse(&key)
+                let raw = key_str(k, &mpath)?;
+                // The key as echoed in paths (clipped when long).
+                let key = echo::clipped(&raw).to_string();
+                let name = MigProfileName::parse(&raw)
                     .map_err(|e| err(format!("{mpath}.{key}"), e.to_string()))?;
                 let count = v.as_i64().ok_or_else(|| {
                     err(
                         format!("{mpath}.{key}"),
-                        format!("count {v:?} is not an integer"),
+                        format!(
+                            "count {} is not a whole number; give a count like 2",
+                            describe(v)
+                        ),
                     )
                 })?;
                 if count < 0 {
-                    return Err(err(format!("{mpath}.{key}"), "count is negative"));
+                    return Err(err(
+                        format!("{mpath}.{key}"),
+                        format!("count {count} is negative; give 0 or more"),
+                    ));
                 }
-                let count = u32::try_from(count)
-                    .map_err(|_| err(format!("{mpath}.{key}"), "count is too large"))?;
+                let count = u32::try_from(count).map_err(|_| {
+                    err(
+                        format!("{mpath}.{key}"),
+                        format!(
+                            "count {count} is too large; one GPU holds a few instances of a profile (`gpu-stack mig profiles --model MODEL` lists each profile's maximum)"
+                        ),
+                    )
+                })?;
                 if devices_list.iter().any(|(n, _)| *n == name) {
                     return Err(err(format!("{mpath}.{key}"), "profile is listed twice"));
                 }
@@ -363,7 +415,10 @@ fn parse_spec(v: &Value, path: &str) -> Result<MigConfigSpec, MigPartedError> {
         Some(other) => {
             return Err(err(
                 mpath,
-                format!("must map profile names to counts, found {other:?}"),
+                format!(
+                    "must map profile names to counts, found {}",
+                    describe(other)
+                ),
             ));
         }
     };
@@ -397,7 +452,10 @@ fn parse_filter(s: &str, path: &str) -> Result<DeviceId, MigPartedError> {
     DeviceId::parse(s).ok_or_else(|| {
         err(
             path,
-            format!("{s:?} is not a PCI id like 0x20B010DE or 0x20B010DE:0x147E10DE"),
+            format!(
+                "{} is not a PCI id like 0x20B010DE or 0x20B010DE:0x147E10DE",
+                echo::quoted(s)
+            ),
         )
     })
 }
@@ -526,4 +584,96 @@ pub fn check(config: &MigPartedConfig, models: &[&GpuModel]) -> Vec<ConfigCheck>
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog;
+    use proptest::prelude::*;
+
+    fn reason(text: &str) -> String {
+        MigPartedConfig::from_yaml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn wrong_values_are_described_in_words() {
+        for (text, want) in [
+            ("version: v2\nmig-configs: {}\n", "the string \"v2\""),
+            (
+                "version: 1.11e166\nmig-configs: {}\n",
+                "the number 1.11e166",
+            ),
+            (
+                "version: v1\nmig-configs:\n  a:\n    - {devices: all, mig-enabled: 1}\n",
+                "found the number 1",
+            ),
+            (
+                "version: v1\nmig-configs:\n  a:\n    - {devices: false, mig-enabled: false}\n",
+                "found false",
+            ),
+            (
+                "version: v1\nmig-configs:\n  a:\n    - {devices: all, mig-enabled: true, mig-devices: {1g.10gb: x}}\n",
+                "count the string \"x\" is not a whole number",
+            ),
+            (
+                "version: v1\nmig-configs:\n  a:\n    - {devices: all, mig-enabled: true, mig-devices: [1, 2]}\n",
+                "found a list of 2 items",
+            ),
+            ("[1]\n", "found a list of 1 item"),
+        ] {
+            let r = reason(text);
+            assert!(r.contains(want), "{text:?}: {r}");
+            for debug in ["String(", "Number(", "Bool(", "Sequence(", "Mapping("] {
+                assert!(!r.contains(debug), "{text:?}: {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_count_is_refused_per_gpu_without_allocating() {
+        let c = MigPartedConfig::from_yaml(
+            "version: v1\nmig-configs:\n  big:\n    - {devices: all, mig-enabled: true, mig-devices: {1g.10gb: 4294967295}}\n",
+        )
+        .unwrap();
+        let h100 = catalog::lookup("H100-SXM5-80GB").unwrap();
+        let report = check(&c, &[h100]);
+        assert_eq!(report[0].status, CheckStatus::Invalid);
+        let EntryVerdict::Invalid { reason: why } = &report[0].entries[0].verdict else {
+            panic!("{report:?}");
+        };
+        assert!(
+            why.contains("4294967295") && why.contains("at most 7"),
+            "{why}"
+        );
+        let r = reason(
+            "version: v1\nmig-configs:\n  a:\n    - {devices: all, mig-enabled: true, mig-devices: {1g.10gb: 4294967296}}\n",
+        );
+        assert!(r.contains("4294967296 is too large"), "{r}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever the size of the names, keys and values in a broken file,
+        /// the message stays small.
+        #[test]
+        fn messages_stay_small_whatever_the_input(
+            len in 0usize..20_000,
+            which in 0usize..6,
+        ) {
+            let big = "x".repeat(len);
+            let text = match which {
+                0 => format!("version: {big}\nmig-configs: {{}}\n"),
+                1 => format!("{big}: 1\n"),
+                2 => format!("version: v1\nmig-configs:\n  {big}: 1\n"),
+                3 => format!("version: v1\nmig-configs:\n  a:\n    - {{devices: all, mig-enabled: true, mig-devices: {{{big}: 1}}}}\n"),
+                4 => format!("version: v1\nmig-configs:\n  a:\n    - {{devices: all, device-filter: \"{big}\", mig-enabled: false}}\n"),
+                _ => format!("version: v1\nmig-configs:\n  a:\n    - {{devices: all, {big}: 1, mig-enabled: false}}\n"),
+            };
+            if let Err(e) = MigPartedConfig::from_yaml(&text) {
+                prop_assert!(e.to_string().len() < 1_500, "{} bytes", e.to_string().len());
+            }
+        }
+    }
 }

@@ -40,7 +40,8 @@ pub struct SelectedGpu {
 pub enum SelectError {
     /// The name is not in the file.
     #[error(
-        "MIG config {name:?} is not in the config file (configs: {available}); fix the nvidia.com/mig.config label or the file"
+        "MIG config {} is not in the config file ({available}); fix the nvidia.com/mig.config label or the file",
+        crate::echo::quoted(.name)
     )]
     UnknownConfig {
         /// Requested name.
@@ -50,7 +51,7 @@ pub enum SelectError {
     },
     /// No entry of the config matches any GPU of the node.
     #[error(
-        "MIG config {name:?} has no entry for any GPU of this node (PCI ids {devices}); pick a config written for these GPUs"
+        "MIG config {name:?} has no entry for any GPU of this node ({devices}); pick a config written for these GPUs"
     )]
     NoMatchingGpu {
         /// Config name.
@@ -97,7 +98,14 @@ pub fn select(
 ) -> Result<Vec<(u32, SelectedGpu)>, SelectError> {
     let named = config.get(name).ok_or_else(|| SelectError::UnknownConfig {
         name: name.to_string(),
-        available: config.names().join(", "),
+        available: if config.mig_configs.is_empty() {
+            "the file defines no configs".into()
+        } else {
+            format!(
+                "configs in the file: {}",
+                crate::echo::join_capped_at(&config.names(), 100)
+            )
+        },
     })?;
     let mut out = Vec::new();
     for gpu in gpus {
@@ -178,7 +186,11 @@ pub fn select(
         ids.dedup();
         return Err(SelectError::NoMatchingGpu {
             name: name.to_string(),
-            devices: ids.join(", "),
+            devices: if ids.is_empty() {
+                "the node reports no GPUs".into()
+            } else {
+                format!("PCI ids {}", crate::echo::join_capped(&ids))
+            },
         });
     }
     Ok(out)
