@@ -99,7 +99,8 @@ pub fn parse_pci_id(s: &str) -> Option<u32> {
 pub enum CatalogError {
     /// No model by that name or id.
     #[error(
-        "unknown GPU model {0:?}: give a catalog name (see `gpu-stack mig models`) or a PCI device id like 0x20B010DE"
+        "unknown GPU model {}: give a catalog name (see `gpu-stack mig models`) or a PCI device id like 0x20B010DE",
+        crate::echo::quoted(.0)
     )]
     UnknownModel(String),
 }

@@ -311,10 +311,17 @@ impl PlacedInstance {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlacedInstanceError {
     /// No `@start`.
-    #[error("invalid placed MIG instance {0:?}: expected <profile>@<start>, e.g. \"3g.40gb@4\"")]
+    #[error(
+        "invalid placed MIG instance {}: expected <profile>@<start>, e.g. \"3g.40gb@4\"",
+        crate::echo::quoted(.0)
+    )]
     MissingStart(String),
     /// Start is not a number.
-    #[error("invalid placed MIG instance {input:?}: start {start:?} is not a non-negative integer")]
+    #[error(
+        "invalid placed MIG instance {}: start {} is not a non-negative integer",
+        crate::echo::quoted(.input),
+        crate::echo::quoted(.start)
+    )]
     BadStart {
         /// The whole input.
         input: String,
@@ -391,10 +398,16 @@ pub type Demand = Vec<(MigProfileName, u32)>;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DemandError {
     /// No `=count`.
-    #[error("invalid MIG demand entry {0:?}: expected <profile>=<count>, e.g. \"1g.10gb=2\"")]
+    #[error(
+        "invalid MIG demand entry {}: expected <profile>=<count>, e.g. \"1g.10gb=2\"",
+        crate::echo::quoted(.0)
+    )]
     MissingCount(String),
     /// Count is not a number.
-    #[error("invalid MIG demand entry {0:?}: the count is not a non-negative integer")]
+    #[error(
+        "invalid MIG demand entry {}: the count is not a whole number from 0 to 4294967295",
+        crate::echo::quoted(.0)
+    )]
     BadCount(String),
     /// A profile is listed twice.
     #[error("MIG demand lists profile {0} twice; give each profile once")]

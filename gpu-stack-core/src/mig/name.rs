@@ -15,10 +15,16 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::echo;
+
+/// Most attributes one profile name may carry (NVIDIA's names carry one or two).
+const MAX_ATTRIBUTES: usize = 8;
+
 /// Why a string is not a MIG profile name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid MIG profile name {input:?}: {reason} (expected the form [<C>c.]<G>g.<N>gb[+me|+gfx|+me.all|-me], e.g. \"3g.40gb\" or \"1c.2g.10gb\")"
+    "invalid MIG profile name {}: {reason} (expected the form [<C>c.]<G>g.<N>gb[+me|+gfx|+me.all|-me], e.g. \"3g.40gb\" or \"1c.2g.10gb\")",
+    crate::echo::quoted(.input)
 )]
 pub struct ProfileNameError {
     /// The string that failed to parse.
@@ -206,7 +212,8 @@ impl MigProfileName {
             [c, g, gb] => (Some(*c), *g, *gb),
             _ => {
                 return Err(err(format!(
-                    "{base:?} must have two or three '.'-separated fields (<G>g.<N>gb or <C>c.<G>g.<N>gb), found {}",
+                    "{} must have two or three '.'-separated fields (<G>g.<N>gb or <C>c.<G>g.<N>gb), found {}",
+                    echo::quoted(base),
                     fields.len()
                 )));
             }
@@ -220,9 +227,14 @@ impl MigProfileName {
         let mut attributes = Vec::new();
         if let Some(attrs) = attrs {
             for attr in attrs.split(',') {
+                if attributes.len() == MAX_ATTRIBUTES {
+                    return Err(err(format!(
+                        "more than {MAX_ATTRIBUTES} attributes; NVIDIA profile names have one or two (+me, +gfx, +me.all, -me)"
+                    )));
+                }
                 check_attribute(attr).map_err(err)?;
                 if attributes.iter().any(|a: &String| a == attr) {
-                    return Err(err(format!("attribute {attr:?} is repeated")));
+                    return Err(err(format!("attribute {} is repeated", echo::quoted(attr))));
                 }
                 attributes.push(attr.to_string());
             }
@@ -244,20 +256,23 @@ fn parse_field(field: &str, suffix: &str) -> Result<u32, String> {
     let (digits, rest) = field.split_at(digits_end);
     if digits.is_empty() {
         return Err(format!(
-            "field {field:?} must start with a number followed by {suffix:?}"
+            "field {} must start with a number followed by {suffix:?}",
+            echo::quoted(field)
         ));
     }
     if rest != suffix {
         return Err(format!(
-            "field {field:?} must end in exactly {suffix:?}, found {rest:?}"
+            "field {} must end in exactly {suffix:?}, found {}",
+            echo::quoted(field),
+            echo::quoted(rest)
         ));
     }
     if digits.len() > 1 && digits.starts_with('0') {
-        return Err(format!("field {field:?} has a leading zero"));
+        return Err(format!("field {} has a leading zero", echo::quoted(field)));
     }
     digits
         .parse::<u32>()
-        .map_err(|_| format!("number in field {field:?} is too large"))
+        .map_err(|_| format!("number in field {} is too large", echo::quoted(field)))
 }
 
 fn check_attribute(attr: &str) -> Result<(), String> {
@@ -265,17 +280,24 @@ fn check_attribute(attr: &str) -> Result<(), String> {
         return Err("an attribute is empty (check for a trailing '+', '-' or ',')".into());
     }
     if attr.starts_with(|c: char| c.is_ascii_digit()) {
-        return Err(format!("attribute {attr:?} starts with a digit"));
+        return Err(format!(
+            "attribute {} starts with a digit",
+            echo::quoted(attr)
+        ));
     }
     if attr.starts_with('.') || attr.ends_with('.') {
-        return Err(format!("attribute {attr:?} starts or ends with '.'"));
+        return Err(format!(
+            "attribute {} starts or ends with '.'",
+            echo::quoted(attr)
+        ));
     }
     if let Some(bad) = attr
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || *c == '.'))
     {
         return Err(format!(
-            "attribute {attr:?} contains {bad:?}; attributes are letters, digits and '.', and '+' and '-' attributes cannot be mixed"
+            "attribute {} contains {bad:?}; attributes are letters, digits and '.', and '+' and '-' attributes cannot be mixed",
+            echo::quoted(attr)
         ));
     }
     Ok(())
@@ -358,6 +380,40 @@ impl<'de> Deserialize<'de> for MigProfileName {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Parse errors of names, placed instances, layouts and demands stay
+        /// small whatever the size of the input (names, starts, counts and
+        /// attribute lists of any length), and a name with more attributes
+        /// than NVIDIA uses is refused.
+        #[test]
+        fn parse_errors_stay_small(len in 0usize..40_000, which in 0usize..7) {
+            let big = "x".repeat(len);
+            let attrs = vec!["a"; len / 2 + 9].join(",");
+            let input = match which {
+                0 => big.clone(),
+                1 => format!("1g.{big}gb"),
+                2 => format!("1g.10gb+{attrs}"),
+                3 => format!("1g.10gb@{big}"),
+                4 => format!("3g.40gb@0,{big}"),
+                5 => format!("1g.10gb={big}"),
+                _ => format!("{big}=1"),
+            };
+            let errors = [
+                MigProfileName::parse(&input).err().map(|e| e.to_string()),
+                crate::mig::parse_layout(&input).err().map(|e| e.to_string()),
+                crate::mig::parse_demand(&input).err().map(|e| e.to_string()),
+            ];
+            let mut any = false;
+            for e in errors.into_iter().flatten() {
+                any = true;
+                proptest::prop_assert!(e.len() < 1_000, "{} bytes: {}", e.len(), &e[..200]);
+            }
+            proptest::prop_assert!(any || len == 0);
+        }
+    }
 
     #[test]
     fn valid_formats_round_trip() {
