@@ -51,6 +51,31 @@ pub enum Violation {
         /// One past the last shared slice.
         to: u32,
     },
+    /// One instance overlaps several others (only the first
+    /// [`crate::echo::MAX_LIST_ITEMS`] are named).
+    OverlapsMany {
+        /// The instance.
+        instance: PlacedInstance,
+        /// How many later instances (in canonical order) it overlaps.
+        count: usize,
+        /// The first of them.
+        others: Vec<PlacedInstance>,
+    },
+    /// More instances overlap others than are reported one by one.
+    MoreOverlaps {
+        /// Instances with overlaps that were not reported.
+        instances: usize,
+    },
+    /// More instances than the GPU can hold at all: refused before any
+    /// rule is checked pair by pair.
+    TooManyInstances {
+        /// Instances in the layout.
+        count: usize,
+        /// Most GPU instances of the GPU.
+        max_instances: u32,
+        /// Memory slices of the GPU (each instance takes at least one).
+        memory_slices: u32,
+    },
     /// R3: more instances of a profile than the GPU allows.
     TooManyOfProfile {
         /// Profile name.
@@ -94,11 +119,11 @@ pub enum Violation {
     },
 }
 
+/// Most overlap lines one validation reports; the rest are counted.
+pub const MAX_OVERLAP_LINES: usize = 20;
+
 fn list(v: &[PlacedInstance]) -> String {
-    v.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
+    crate::echo::join_capped(v)
 }
 
 impl fmt::Display for Violation {
@@ -142,6 +167,34 @@ impl fmt::Display for Violation {
                     )
                 }
             }
+            Violation::OverlapsMany {
+                instance,
+                count,
+                others,
+            } => {
+                write!(
+                    f,
+                    "{instance} overlaps {count} other instances: {}",
+                    list(others)
+                )?;
+                if *count > others.len() {
+                    write!(f, ", ... and {} more", count - others.len())?;
+                }
+                Ok(())
+            }
+            Violation::MoreOverlaps { instances } => write!(
+                f,
+                "{instances} more instances overlap others (not listed; fix the overlaps above first)"
+            ),
+            Violation::TooManyInstances {
+                count,
+                max_instances,
+                memory_slices,
+            } => write!(
+                f,
+                "layout has {count} instances, but this GPU holds at most {} ({max_instances} instances on {memory_slices} memory slices); remove instances",
+                instance_bound(*max_instances, *memory_slices)
+            ),
             Violation::TooManyOfProfile {
                 profile,
                 max,
@@ -197,6 +250,14 @@ pub fn validate_with(
     if quick_valid(geometry, layout, options) {
         return Ok(());
     }
+    let bound = instance_bound(geometry.max_instances, geometry.memory_slices);
+    if layout.len() as u64 > u64::from(bound) {
+        return Err(vec![Violation::TooManyInstances {
+            count: layout.len(),
+            max_instances: geometry.max_instances,
+            memory_slices: geometry.memory_slices,
+        }]);
+    }
     let mut sorted = layout.to_vec();
     sorted.sort();
     let violations = collect(geometry, &sorted, options);
@@ -205,6 +266,12 @@ pub fn validate_with(
     } else {
         Err(violations)
     }
+}
+
+/// Most instances any valid layout can have: every instance takes at least
+/// one memory slice of an axis of at most 64, and the GPU caps the count.
+fn instance_bound(max_instances: u32, memory_slices: u32) -> u32 {
+    max_instances.min(memory_slices).min(64)
 }
 
 /// Allocation-free check of the common case: every rule holds.
@@ -340,22 +407,54 @@ fn collect(
             }
         }
     }
-    // R2: overlap (by the profile's size, even at a disallowed start).
+    // R2: overlap (by the profile's size, even at a disallowed start), one
+    // line per instance that overlaps later ones, at most MAX_OVERLAP_LINES.
+    let (mut lines, mut left_out) = (0usize, 0usize);
     for (i, (a, ai)) in resolved.iter().enumerate() {
-        for (b, bi) in &resolved[i + 1..] {
-            let a_end = a.start + geometry.gi_profiles[*ai].memory_slices;
-            let b_end = b.start + geometry.gi_profiles[*bi].memory_slices;
-            let from = a.start.max(b.start);
-            let to = a_end.min(b_end);
-            if from < to {
-                out.push(Violation::Overlap {
-                    first: (*a).clone(),
-                    second: (*b).clone(),
-                    from,
-                    to,
-                });
-            }
+        let a_end = a
+            .start
+            .saturating_add(geometry.gi_profiles[*ai].memory_slices);
+        let hits: Vec<(&PlacedInstance, u32, u32)> = resolved[i + 1..]
+            .iter()
+            .filter_map(|(b, bi)| {
+                let b_end = b
+                    .start
+                    .saturating_add(geometry.gi_profiles[*bi].memory_slices);
+                let from = a.start.max(b.start);
+                let to = a_end.min(b_end);
+                (from < to).then_some((*b, from, to))
+            })
+            .collect();
+        if hits.is_empty() {
+            continue;
         }
+        if lines == MAX_OVERLAP_LINES {
+            left_out += 1;
+            continue;
+        }
+        lines += 1;
+        match hits.as_slice() {
+            [(b, from, to)] => out.push(Violation::Overlap {
+                first: (*a).clone(),
+                second: (*b).clone(),
+                from: *from,
+                to: *to,
+            }),
+            _ => out.push(Violation::OverlapsMany {
+                instance: (*a).clone(),
+                count: hits.len(),
+                others: hits
+                    .iter()
+                    .take(crate::echo::MAX_LIST_ITEMS)
+                    .map(|(b, _, _)| (*b).clone())
+                    .collect(),
+            }),
+        }
+    }
+    if left_out > 0 {
+        out.push(Violation::MoreOverlaps {
+            instances: left_out,
+        });
     }
     // R3: per-profile maximum.
     for (idx, p) in geometry.gi_profiles.iter().enumerate() {
@@ -450,6 +549,108 @@ mod tests {
             .iter()
             .filter_map(|m| m.mig.as_ref())
             .collect()
+    }
+
+    fn h100() -> &'static MigGeometry {
+        catalog::lookup("H100-SXM5-80GB")
+            .unwrap()
+            .mig
+            .as_ref()
+            .unwrap()
+    }
+
+    fn copies(n: usize) -> Vec<PlacedInstance> {
+        vec![PlacedInstance::new(MigProfileName::new(1, 10), 0); n]
+    }
+
+    #[test]
+    fn more_instances_than_the_gpu_holds_are_refused_outright() {
+        let v = validate(h100(), &copies(5000)).unwrap_err();
+        assert_eq!(
+            v,
+            vec![Violation::TooManyInstances {
+                count: 5000,
+                max_instances: 7,
+                memory_slices: 8
+            }]
+        );
+        let msg = v[0].to_string();
+        assert!(
+            msg.contains("5000 instances") && msg.contains("at most 7"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn overlaps_are_grouped_per_instance_and_capped() {
+        // Within the GPU's bound: one line per instance with later overlaps.
+        let v = validate(h100(), &copies(3)).unwrap_err();
+        let lines: Vec<String> = v.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            lines[0],
+            "1g.10gb@0 overlaps 2 other instances: 1g.10gb@0, 1g.10gb@0"
+        );
+        assert_eq!(
+            lines[1],
+            "1g.10gb@0 and 1g.10gb@0 overlap on memory slice 0"
+        );
+        // A (runtime) geometry with a long axis: at most MAX_OVERLAP_LINES lines.
+        let mut g = h100().clone();
+        g.memory_slices = 64;
+        g.max_instances = 64;
+        let v = validate(&g, &copies(64)).unwrap_err();
+        let overlaps: Vec<&Violation> = v
+            .iter()
+            .filter(|x| {
+                matches!(
+                    x,
+                    Violation::Overlap { .. }
+                        | Violation::OverlapsMany { .. }
+                        | Violation::MoreOverlaps { .. }
+                )
+            })
+            .collect();
+        assert_eq!(overlaps.len(), MAX_OVERLAP_LINES + 1);
+        assert_eq!(
+            overlaps[MAX_OVERLAP_LINES],
+            &Violation::MoreOverlaps { instances: 43 }
+        );
+        let first = overlaps[0].to_string();
+        assert!(
+            first.contains("overlaps 63 other instances") && first.ends_with("and 43 more"),
+            "{first}"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever the number of instances, validation reports a bounded
+        /// number of violations of bounded size.
+        #[test]
+        fn reports_stay_small_whatever_the_layout(
+            model in any::<prop::sample::Index>(),
+            long_axis in any::<bool>(),
+            raw in prop::collection::vec((0usize..40, 0u32..14), 0..3000),
+        ) {
+            let mut g = (*model.get(&mig_geometries())).clone();
+            if long_axis {
+                g.memory_slices = 64;
+                g.max_instances = 64;
+            }
+            let layout: Vec<PlacedInstance> = raw
+                .iter()
+                .map(|&(i, start)| {
+                    let p = &g.gi_profiles[i % g.gi_profiles.len()];
+                    PlacedInstance::new(p.name.clone(), start)
+                })
+                .collect();
+            if let Err(v) = validate(&g, &layout) {
+                let text: usize = v.iter().map(|x| x.to_string().len()).sum();
+                prop_assert!(v.len() <= 3 * 64 + 10, "{} violations", v.len());
+                prop_assert!(text < 200_000, "{text} bytes");
+            }
+        }
     }
 
     proptest! {
