@@ -29,6 +29,13 @@ use crate::backend::{FaultSpec, SimTelemetry};
 use crate::catalog::{self, GpuModel};
 use crate::mig::{self, FleetGpu, PlacedInstance};
 
+/// Most nodes one fleet file may describe.
+pub const MAX_NODES: usize = 10_000;
+
+/// Most GPUs one node may have (the sum of its `count`s); real servers have 8
+/// or 16.
+pub const MAX_GPUS_PER_NODE: u32 = 64;
+
 /// A whole fleet file.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,7 +143,7 @@ pub enum FleetError {
     #[error("fleet file is malformed: {0}")]
     Parse(String),
     /// A node-level problem.
-    #[error("fleet node {node:?}: {reason}")]
+    #[error("fleet node {}: {reason}", crate::echo::quoted(.node))]
     Node {
         /// Node name.
         node: String,
@@ -144,7 +151,11 @@ pub enum FleetError {
         reason: String,
     },
     /// A GPU-level problem.
-    #[error("fleet node {node:?}, gpus[{index}] ({model}): {reason}")]
+    #[error(
+        "fleet node {}, gpus[{index}] ({}): {reason}",
+        crate::echo::quoted(.node),
+        crate::echo::clipped(.model)
+    )]
     Gpu {
         /// Node name.
         node: String,
@@ -180,6 +191,7 @@ impl ResolvedGpu {
 /// Checks a node's `processes` against its GPUs and their MIG state.
 fn validate_processes(node: &FleetNode) -> Result<(), String> {
     let mut gpus: Vec<Option<&MigState>> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for spec in &node.gpus {
         for _ in 0..spec.count {
             gpus.push(spec.mig.as_ref());
@@ -190,10 +202,7 @@ fn validate_processes(node: &FleetNode) -> Result<(), String> {
         if p.pid == 0 {
             return Err(format!("{what}: pid 0 is not a process id"));
         }
-        if node.processes[..i]
-            .iter()
-            .any(|q| q.pid == p.pid && q.gpu == p.gpu)
-        {
+        if !seen.insert((p.pid, p.gpu)) {
             return Err(format!(
                 "{what}: the pid appears twice on this GPU; give each process its own pid"
             ));
@@ -243,6 +252,13 @@ impl Fleet {
 
     /// Checks names, models and MIG layouts.
     pub fn validate(&self) -> Result<(), FleetError> {
+        if self.nodes.len() > MAX_NODES {
+            return Err(FleetError::Parse(format!(
+                "nodes lists {} nodes, more than the {MAX_NODES} one fleet file may have; split the fleet into several files",
+                self.nodes.len()
+            )));
+        }
+        let mut names = std::collections::HashSet::new();
         for (i, node) in self.nodes.iter().enumerate() {
             if node.name.trim().is_empty() {
                 return Err(FleetError::Node {
@@ -250,11 +266,27 @@ impl Fleet {
                     reason: "name is empty".into(),
                 });
             }
-            if self.nodes[..i].iter().any(|n| n.name == node.name) {
+            if !names.insert(node.name.as_str()) {
                 return Err(FleetError::Node {
                     node: node.name.clone(),
                     reason: "node name appears twice; node names must be unique".into(),
                 });
+            }
+            // Bounds the GPUs before anything is sized by the counts.
+            let mut total = 0u32;
+            for (gi, spec) in node.gpus.iter().enumerate() {
+                total = total.saturating_add(spec.count);
+                if total > MAX_GPUS_PER_NODE {
+                    return Err(FleetError::Gpu {
+                        node: node.name.clone(),
+                        index: gi,
+                        model: spec.model.clone(),
+                        reason: format!(
+                            "count {} brings the node to {total} GPUs, more than the {MAX_GPUS_PER_NODE} a node may have; lower count",
+                            spec.count
+                        ),
+                    });
+                }
             }
             validate_processes(node).map_err(|reason| FleetError::Node {
                 node: node.name.clone(),
@@ -374,6 +406,67 @@ mod tests {
         );
         assert_eq!(p[0].used_memory_mib, Some(512));
         assert_eq!(p[1].instance, None);
+    }
+
+    #[test]
+    fn gpu_and_node_counts_are_bounded_before_anything_is_sized_by_them() {
+        let text = "nodes:\n  - name: n\n    gpus:\n      - model: A100-SXM4-40GB\n        count: 4294967295\n";
+        let e = Fleet::from_yaml(text).unwrap_err().to_string();
+        assert!(
+            e.contains("count 4294967295") && e.contains("more than the 64"),
+            "{e}"
+        );
+        let two = "nodes:\n  - name: n\n    gpus:\n      - {model: A100-SXM4-40GB, count: 40}\n      - {model: A100-SXM4-40GB, count: 40}\n";
+        let e = Fleet::from_yaml(two).unwrap_err().to_string();
+        assert!(e.contains("gpus[1]") && e.contains("80 GPUs"), "{e}");
+        let ok = "nodes:\n  - name: n\n    gpus:\n      - {model: A100-SXM4-40GB, count: 64}\n";
+        assert_eq!(Fleet::from_yaml(ok).unwrap().gpus().len(), 64);
+        let many = Fleet {
+            nodes: (0..=MAX_NODES)
+                .map(|i| FleetNode {
+                    name: format!("n{i}"),
+                    ..FleetNode::default()
+                })
+                .collect(),
+        };
+        let e = many.validate().unwrap_err().to_string();
+        assert!(e.contains("10001 nodes") && e.contains("10000"), "{e}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Any per-node GPU total above the bound is refused, whatever the
+        /// split into groups; the message names the count and the bound.
+        #[test]
+        fn any_gpu_total_above_the_bound_is_refused(
+            counts in proptest::collection::vec(1u32..=u32::MAX, 1..4),
+            name_len in 1usize..5_000,
+        ) {
+            let name = "n".repeat(name_len);
+            let fleet = Fleet {
+                nodes: vec![FleetNode {
+                    name,
+                    gpus: counts
+                        .iter()
+                        .map(|&count| FleetGpuSpec {
+                            model: "A100-SXM4-40GB".into(),
+                            count,
+                            mig: None,
+                            telemetry: None,
+                        })
+                        .collect(),
+                    ..FleetNode::default()
+                }],
+            };
+            let total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+            let r = fleet.validate();
+            proptest::prop_assert_eq!(r.is_ok(), total <= u64::from(MAX_GPUS_PER_NODE));
+            if let Err(e) = r {
+                let e = e.to_string();
+                proptest::prop_assert!(e.contains("more than the 64") && e.len() < 600, "{e}");
+            }
+        }
     }
 
     #[test]
