@@ -27,10 +27,16 @@ pub enum ConfigError {
         message: String,
     },
     /// The `version` key is not `v1`.
-    #[error("config: unsupported version {0:?}; only \"v1\" (or an empty version) is accepted")]
+    #[error(
+        "config: unsupported version {}; only \"v1\" (or an empty version) is accepted",
+        crate::echo::quoted(.0)
+    )]
     Version(String),
     /// A value outside its allowed set.
-    #[error("config: {field} = {value:?} is not valid; expected one of {expected}")]
+    #[error(
+        "config: {field} = {} is not valid; expected one of {expected}",
+        crate::echo::quoted(.value)
+    )]
     InvalidValue {
         /// Dotted field path.
         field: &'static str,
@@ -414,6 +420,10 @@ impl SharingStrategy {
     }
 }
 
+/// Most replicas one shared GPU may be advertised as (time-slicing or MPS):
+/// each replica is a device the plugin lists to the kubelet.
+pub const MAX_REPLICAS: u32 = 1_024;
+
 /// One shared resource after renaming was neutralised.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SharedResource {
@@ -626,19 +636,19 @@ impl Settings {
                 .unwrap_or(sharing_strategy == SharingStrategy::Mps);
             let mut seen = BTreeSet::new();
             for (i, r) in spec.resources.iter().enumerate() {
-                if r.replicas < 2 {
+                if r.replicas < 2 || r.replicas > MAX_REPLICAS {
                     return Err(ConfigError::Rule(format!(
-                        "sharing.{}.resources[{i}] ({}): replicas = {} but must be at least 2",
+                        "sharing.{}.resources[{i}] ({}): replicas = {} but must be from 2 to {MAX_REPLICAS} (replicas per GPU); set replicas in that range",
                         sharing_key(sharing_strategy),
-                        r.name,
+                        crate::echo::clipped(&r.name),
                         r.replicas
                     )));
                 }
                 if !is_sharable_name(&r.name) {
                     return Err(ConfigError::Rule(format!(
-                        "sharing.{}.resources[{i}]: name {:?} is not a resource this plugin advertises; use nvidia.com/gpu or nvidia.com/mig-<profile>",
+                        "sharing.{}.resources[{i}]: name {} is not a resource this plugin advertises; use nvidia.com/gpu or nvidia.com/mig-<profile>",
                         sharing_key(sharing_strategy),
-                        r.name
+                        crate::echo::quoted(&r.name)
                     )));
                 }
                 if !seen.insert(r.name.clone()) {
@@ -670,7 +680,8 @@ impl Settings {
                 };
                 if advertised_name.len() > 63 {
                     return Err(ConfigError::Rule(format!(
-                        "shared resource name {advertised_name:?} is longer than 63 characters"
+                        "shared resource name {} is longer than 63 characters; shorten the name or rename",
+                        crate::echo::quoted(&advertised_name)
                     )));
                 }
                 shared.push(SharedResource {
@@ -699,7 +710,7 @@ impl Settings {
             other => {
                 return Err(ConfigError::InvalidValue {
                     field: "imex.channelIDs",
-                    value: format!("{other:?}"),
+                    value: format!("[{}]", crate::echo::join_capped(other)),
                     expected: "[] or [0]",
                 });
             }
@@ -907,7 +918,19 @@ sharing:
             Overrides::default(),
         )
         .unwrap_err();
-        assert!(e.to_string().contains("at least 2"), "{e}");
+        assert!(e.to_string().contains("from 2 to 1024"), "{e}");
+        for replicas in [1_025u64, 4_294_967_295] {
+            let e = bad(
+                &format!("sharing: {{timeSlicing: {{resources: [{{name: nvidia.com/gpu, replicas: {replicas}}}]}}}}"),
+                Overrides::default(),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains(&format!("replicas = {replicas}")) && e.contains("1024"),
+                "{e}"
+            );
+        }
         let e = bad(
             "sharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}",
             Overrides::default(),
