@@ -211,3 +211,63 @@ fn mode_change_waiting_for_a_reboot_finishes_after_it() {
     assert!(done.status.success(), "{}", text(&done));
     assert_eq!(mig_assert(&node, "all-1g.10gb"), Some(0));
 }
+
+/// `gpu-stack mig` with counts and layouts no GPU can hold: a fit count of
+/// 4294967295 is bad input (exit 2) naming the count and the GPU's maximum,
+/// not an abort on allocation; check-config reports the same per model;
+/// validate refuses 10,000 instances in one short line; a 120 KB layout that
+/// does not parse gives a short message.
+#[test]
+fn counts_and_layouts_beyond_any_gpu_are_refused_briefly() {
+    let mig = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_gpu-stack"))
+            .arg("mig")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = mig(&["fit", "--model", "H100-SXM5-80GB", "1g.10gb=4294967295"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("4294967295") && err.contains("at most 7"),
+        "{}",
+        text(&o)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(
+        &file,
+        "version: v1\nmig-configs:\n  big:\n    - {devices: all, mig-enabled: true, mig-devices: {1g.10gb: 4294967295}}\n",
+    )
+    .unwrap();
+    let o = mig(&[
+        "check-config",
+        file.to_str().unwrap(),
+        "--model",
+        "H100-SXM5-80GB",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("invalid") && out.contains("at most 7"),
+        "{}",
+        text(&o)
+    );
+
+    let layout = vec!["1g.10gb@0"; 10_000].join(",");
+    let o = mig(&["validate", "--model", "H100-SXM5-80GB", &layout]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(o.stdout.len() < 2_000, "{} bytes", o.stdout.len());
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("10000 instances"),
+        "{}",
+        text(&o)
+    );
+
+    let bad = "x".repeat(120_000);
+    let o = mig(&["validate", "--model", "H100-SXM5-80GB", &bad]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(o.stderr.len() < 2_000, "{} bytes", o.stderr.len());
+}

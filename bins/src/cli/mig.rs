@@ -206,7 +206,13 @@ fn geometry(name: &str) -> Result<(&'static GpuModel, &'static MigGeometry)> {
     let g = m
         .mig
         .as_ref()
-        .ok_or_else(|| anyhow!("GPU model {} ({name:?}) does not support MIG", m.name))?;
+        .ok_or_else(|| {
+            anyhow!(
+                "GPU model {} ({}) does not support MIG; pick a model with MIG (`gpu-stack mig models`)",
+                m.name,
+                gpu_stack_core::echo::quoted(name)
+            )
+        })?;
     Ok((m, g))
 }
 
@@ -354,7 +360,8 @@ fn profiles(name: &str, output: Output) -> Result<ExitCode> {
 
 fn validate(name: &str, layout: &str, pre_r510: bool, output: Output) -> Result<ExitCode> {
     let (_, g) = geometry(name)?;
-    let layout = mig::parse_layout(layout).with_context(|| format!("layout {layout:?}"))?;
+    let layout = mig::parse_layout(layout)
+        .with_context(|| format!("layout {}", gpu_stack_core::echo::quoted(layout)))?;
     let options = mig::ValidateOptions {
         pre_r510_driver: pre_r510,
     };
@@ -382,7 +389,8 @@ fn validate(name: &str, layout: &str, pre_r510: bool, output: Output) -> Result<
         match &result {
             Ok(()) => out!("valid: {}", mig::format_layout(&layout)),
             Err(v) => {
-                out!("invalid: {}", mig::format_layout(&layout));
+                let text = mig::format_layout(&layout);
+                out!("invalid: {}", gpu_stack_core::echo::clipped(&text));
                 for x in v {
                     out!("  - {x}");
                 }
@@ -398,11 +406,13 @@ fn validate(name: &str, layout: &str, pre_r510: bool, output: Output) -> Result<
 
 fn fit(name: &str, demand: &str, output: Output) -> Result<ExitCode> {
     let (_, g) = geometry(name)?;
-    let d = mig::parse_demand(demand).with_context(|| format!("demand {demand:?}"))?;
+    let d = mig::parse_demand(demand)
+        .with_context(|| format!("demand {}", gpu_stack_core::echo::quoted(demand)))?;
     for (p, _) in &d {
         if g.resolve(p).is_none() {
             return Err(anyhow!(
-                "profile {p} does not exist on {name} (profiles: {})",
+                "profile {} does not exist on {name} (profiles: {})",
+                gpu_stack_core::echo::clipped(&p.to_string()),
                 g.profile_list()
             ));
         }
@@ -460,7 +470,8 @@ fn plan(path: &std::path::Path, demand: &str, output: Output) -> Result<ExitCode
         .with_context(|| format!("cannot read fleet file {}", path.display()))?;
     let fleet =
         Fleet::from_yaml(&text).with_context(|| format!("fleet file {}", path.display()))?;
-    let d = mig::parse_demand(demand).with_context(|| format!("demand {demand:?}"))?;
+    let d = mig::parse_demand(demand)
+        .with_context(|| format!("demand {}", gpu_stack_core::echo::quoted(demand)))?;
     let gpus = fleet.planner_gpus();
     let plan =
         mig::plan_fleet(&gpus, &d).with_context(|| format!("fleet file {}", path.display()))?;
