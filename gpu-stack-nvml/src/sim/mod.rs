@@ -189,10 +189,9 @@ impl SimNodeSpec {
                     return Err(SimError::Fleet(format!(
                         "the fleet has {} nodes with GPUs; pick one with --node ({})",
                         many.len(),
-                        many.iter()
-                            .map(|n| n.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        gpu_stack_core::echo::join_capped(
+                            &many.iter().map(|n| n.name.as_str()).collect::<Vec<_>>()
+                        )
                     )));
                 }
             },
