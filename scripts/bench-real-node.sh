@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Figures of the stack on the real test node (whole processes, wall clock):
 #   - real node start (namespaces, containerd, images imported, kubelet) -> Node Ready
-#   - helm install -> ClusterPolicy ready
+#   - helm install -> ClusterPolicy ready with the node's GPUs allocatable
 #   - a node joining the cluster -> a GPU pod Running on it (images present)
 #   - kubelet restart -> the device plugin registered again
 #   - RSS (VmRSS, VmHWM) of every operand process on the node
@@ -49,7 +49,13 @@ spec:
 EOF
 }
 pod_running() { [ "$(k get pod "$1" -o jsonpath='{.status.phase}')" = Running ]; }
-policy_ready() { [ "$(k get clusterpolicy cluster-policy -o jsonpath='{.status.state}')" = ready ]; }
+# Ready as a user means it: the node is a GPU node, the policy says ready and
+# the GPUs are allocatable (a policy is also "ready" before any GPU node is found).
+policy_ready() {
+  [ "$(k get node "$node" -o jsonpath='{.metadata.labels.nvidia\.com/gpu\.present}')" = true ] &&
+    [ "$(k get clusterpolicy cluster-policy -o jsonpath='{.status.state}')" = ready ] &&
+    [ "$(k get node "$node" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" = 2 ]
+}
 
 cargo build -q -p xtask -p gpu-stack-bins --bins
 cargo xtask cluster down >/dev/null 2>&1 || true
@@ -59,12 +65,16 @@ t0=$(now)
 "$helm" install gpu-stack deploy/helm/gpu-stack --kubeconfig="$state/kubeconfig" \
   --namespace gpu-operator --create-namespace --values tests/real-node/values.yaml >/dev/null
 wait_until 300 "the ClusterPolicy to be ready" policy_ready
-echo "figure: helm install -> ClusterPolicy ready: $(elapsed "$t0" "$(now)") s"
+echo "figure: helm install -> GPU node labelled, ClusterPolicy ready, GPUs allocatable: $(elapsed "$t0" "$(now)") s"
 
-# A node joins: the Node object is gone (and with it its pods), its kubelet
-# starts and registers it anew; the GPU pod waits for it.
+# A node joins: as after a reboot, its kubelet and every container are gone,
+# and so is its Node object (and with it its pods); then the kubelet starts
+# and registers it anew, images present. The GPU pod waits for it.
 kill "$(cat "$state/pids/kubelet.pid")"
 sleep 1
+for procs in $(find /sys/fs/cgroup/pids/gpu-stack-29440 -name cgroup.procs 2>/dev/null); do
+  xargs -r kill -9 <"$procs" 2>/dev/null || true
+done
 k delete node "$node" --wait=true >/dev/null
 wait_until 180 "the old node's pods to go" sh -c \
   "[ -z \"\$($kubectl --kubeconfig=$state/kubeconfig get pods -n gpu-operator --field-selector spec.nodeName=$node -o name)\" ]"
