@@ -77,6 +77,11 @@ fn main() -> ExitCode {
 async fn operate(args: Args) -> Result<()> {
     let config = kube_config(args.kubeconfig.as_deref()).await?;
     if args.uninstall {
+        // Short request bounds: a request lost with a dropped connection is
+        // retried instead of holding a step for minutes.
+        let mut config = config;
+        config.read_timeout = Some(Duration::from_secs(15));
+        config.connect_timeout = Some(Duration::from_secs(10));
         let client = kube::Client::try_from(config).context("building the API client")?;
         let options = UninstallOptions {
             namespace: args.namespace,

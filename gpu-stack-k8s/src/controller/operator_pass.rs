@@ -201,13 +201,8 @@ impl OperatorPass {
                 .await
                 .map_err(fail(format!("deleting {key}")))?;
         }
-        let rest: Vec<String> = policy
-            .finalizers()
-            .iter()
-            .filter(|f| f.as_str() != FINALIZER)
-            .cloned()
-            .collect();
-        self.set_finalizers(policy, rest).await?;
+        self.set_finalizers(policy, without_finalizer(policy.finalizers()))
+            .await?;
         tracing::info!(policy = %name, "cleaned up after deleted ClusterPolicy");
         Ok(PassReport {
             status: ReconciliationStatus::ClusterPolicyUnavailable,
@@ -240,6 +235,15 @@ impl OperatorPass {
             })
             .collect()
     }
+}
+
+/// A policy's finalizers without the operator's.
+pub fn without_finalizer(finalizers: &[String]) -> Vec<String> {
+    finalizers
+        .iter()
+        .filter(|f| f.as_str() != FINALIZER)
+        .cloned()
+        .collect()
 }
 
 /// The label patch that undoes the operator's node labels.

@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
 use crate::clusterpolicy::ClusterPolicy;
-use crate::controller::operator_pass::{FINALIZER, cleanup_patch};
+use crate::controller::operator_pass::{cleanup_patch, without_finalizer};
 use crate::deviceplugin::labels::label_changes;
 use crate::migmanager::NodePatch;
 use crate::migmanager::kube_node::merge_patch_body;
@@ -75,21 +75,34 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<bool, UninstallError>>,
 {
+    // An API error here is taken as "not yet" (a dropped connection, an API
+    // server busy with the deletions): the bound decides, and its error says
+    // what was last seen.
+    let mut last_error: Option<UninstallError> = None;
     let wait = async {
         loop {
-            if done().await? {
-                return Ok(());
+            match done().await {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(error = %e, "{what}: retrying");
+                    last_error = Some(e);
+                }
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     };
-    tokio::time::timeout(timeout, wait)
-        .await
-        .unwrap_or(Err(UninstallError::Timeout {
-            what,
-            secs: timeout.as_secs(),
-            hint,
-        }))
+    match tokio::time::timeout(timeout, wait).await {
+        Ok(()) => Ok(()),
+        Err(_) => Err(match last_error {
+            Some(e) => e,
+            None => UninstallError::Timeout {
+                what,
+                secs: timeout.as_secs(),
+                hint,
+            },
+        }),
+    }
 }
 
 /// Runs every step; returns how many node labels were removed.
@@ -126,7 +139,7 @@ pub async fn uninstall(
         policies_gone,
     )
     .await;
-    if let Err(UninstallError::Timeout { .. }) = operator_done {
+    if operator_done.is_err() {
         // The operator is not running (a failed install, a crash loop): do
         // its cleanup in its place, or the policies stay stuck for good.
         warn!(
@@ -135,8 +148,6 @@ pub async fn uninstall(
              finalizer in its place"
         );
         cleanup_in_place_of_operator(&client, &policies).await?;
-    } else {
-        operator_done?;
     }
     wait_until(
         "removing every ClusterPolicy",
@@ -248,12 +259,7 @@ async fn cleanup_in_place_of_operator(
         .await
         .map_err(api("listing ClusterPolicies"))?
     {
-        let rest: Vec<String> = policy
-            .finalizers()
-            .iter()
-            .filter(|f| f.as_str() != FINALIZER)
-            .cloned()
-            .collect();
+        let rest = without_finalizer(policy.finalizers());
         if rest.len() == policy.finalizers().len() {
             continue;
         }
