@@ -87,6 +87,33 @@ fn run_helm(cluster: &TestCluster, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+fn uninstall(cluster: &TestCluster) -> Result<String> {
+    run_helm(
+        cluster,
+        &[
+            "uninstall",
+            RELEASE,
+            "--namespace",
+            NAMESPACE,
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )
+}
+
+/// The ClusterPolicy API (the test reads it untyped, as a user's tools do).
+fn cluster_policies(client: &Client) -> Api<kube::api::DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "nvidia.com",
+            "v1",
+            "ClusterPolicy",
+        )),
+    )
+}
+
 fn node_label(node: &Node, key: &str) -> Option<String> {
     node.labels().get(key).cloned()
 }
@@ -101,14 +128,7 @@ fn allocatable(node: &Node, resource: &str) -> i64 {
 }
 
 async fn policy_state(client: &Client) -> Option<String> {
-    let api: Api<kube::api::DynamicObject> = Api::all_with(
-        client.clone(),
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "nvidia.com",
-            "v1",
-            "ClusterPolicy",
-        )),
-    );
+    let api = cluster_policies(client);
     let policy = api.get_opt(POLICY).await.ok()??;
     policy.data["status"]["state"].as_str().map(String::from)
 }
@@ -342,14 +362,7 @@ fn restart_node_process(dir: &Path, name: &str) -> Result<()> {
 /// Changes the device plugin's DEVICE_LIST_STRATEGY in the ClusterPolicy,
 /// keeping its other env, and waits until the rolled pod is Ready.
 async fn set_device_list_strategy(client: &Client, strategy: &str) -> Result<()> {
-    let api: Api<kube::api::DynamicObject> = Api::all_with(
-        client.clone(),
-        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "nvidia.com",
-            "v1",
-            "ClusterPolicy",
-        )),
-    );
+    let api = cluster_policies(client);
     let policy = api.get(POLICY).await?;
     let mut env: Vec<serde_json::Value> = policy.data["spec"]["devicePlugin"]["env"]
         .as_array()
@@ -427,10 +440,7 @@ async fn the_stack_on_a_real_node() -> Result<()> {
         let pods = describe_pods(&client).await;
         let logs = pod_log_tails(&dir, 15);
         // Leave nothing behind for the next run.
-        let _ = run_helm(
-            &cluster,
-            &["uninstall", RELEASE, "--namespace", NAMESPACE, "--wait"],
-        );
+        let _ = uninstall(&cluster);
         bail!("{e:#}\n--- pods ---\n{pods}--- container logs ---\n{logs}");
     }
     Ok(())
@@ -805,37 +815,17 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
 
     // 8. helm uninstall: everything the stack made is gone, and the labels
     // the operator, GFD and node discovery wrote (the MIG layout's stay).
-    run_helm(
-        cluster,
-        &[
-            "uninstall",
-            RELEASE,
-            "--namespace",
-            NAMESPACE,
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
-    )?;
-    wait_for("the operands and the node labels to go", ROLLOUT, || {
-        let nodes = nodes.clone();
-        let daemonsets = daemonsets.clone();
-        async move {
-            let node = nodes.get(NODE_NAME).await?;
-            let left: Vec<String> = node
-                .labels()
-                .keys()
-                .filter(|k| {
-                    k.starts_with("nvidia.com/gpu.")
-                        || k.starts_with("nvidia.com/cuda.")
-                        || k.starts_with("feature.node.kubernetes.io/")
-                })
-                .cloned()
-                .collect();
-            let ds = daemonsets.list(&ListParams::default()).await?;
-            Ok((left.is_empty() && ds.items.is_empty()).then_some(()))
-        }
-    })
+    uninstall(cluster)?;
+    wait_for(
+        "the operands and the node labels to go",
+        ROLLOUT,
+        || async {
+            let left = leftovers(client)
+                .await
+                .map_err(|e| gpu_stack_e2e::E2eError::Check(format!("{e:#}")))?;
+            Ok(left.is_empty().then_some(()))
+        },
+    )
     .await?;
     Ok(())
 }
@@ -891,19 +881,7 @@ async fn leftovers(client: &Client) -> Result<Vec<String>> {
     ] {
         left.extend(names.into_iter().map(|n| format!("{kind}/{n}")));
     }
-    if policy_state(client).await.is_some()
-        || Api::<kube::api::DynamicObject>::all_with(
-            client.clone(),
-            &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-                "nvidia.com",
-                "v1",
-                "ClusterPolicy",
-            )),
-        )
-        .get_opt(POLICY)
-        .await?
-        .is_some()
-    {
+    if cluster_policies(client).get_opt(POLICY).await?.is_some() {
         left.push(format!("ClusterPolicy/{POLICY}"));
     }
     let node = the_node(client).await?;
@@ -945,7 +923,7 @@ async fn bad_input(cluster: &TestCluster, client: &Client) -> Result<()> {
         "--atomic",
         "--wait",
         "--timeout",
-        "60s",
+        "90s",
         "--set",
         "operator.metricsPort=1",
     ]);
@@ -998,18 +976,7 @@ async fn bad_input(cluster: &TestCluster, client: &Client) -> Result<()> {
         policy_state(client).await.as_deref() == Some("notReady"),
         "a policy whose device plugin cannot start is not notReady"
     );
-    run_helm(
-        cluster,
-        &[
-            "uninstall",
-            RELEASE,
-            "--namespace",
-            NAMESPACE,
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
-    )?;
+    uninstall(cluster)?;
     let left = leftovers(client).await?;
     ensure!(left.is_empty(), "uninstall left {left:?}");
     Ok(())
