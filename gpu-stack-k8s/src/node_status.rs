@@ -23,6 +23,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use gpu_stack_core::metrics::format::write_label_value;
 use gpu_stack_core::operator::validation::ValidationComponent;
 
 use crate::validator::{is_status_file, present_files};
@@ -54,24 +55,13 @@ pub fn metric_name(status_file: &str) -> String {
     name
 }
 
-fn escape_label(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 fn gauge(out: &mut String, name: &str, help: &str, node: &str, value: u64) {
     // Writing to a String cannot fail.
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} gauge");
-    let _ = writeln!(out, "{name}{{node=\"{}\"}} {value}", escape_label(node));
+    let _ = write!(out, "{name}{{node=\"");
+    write_label_value(out, node);
+    let _ = writeln!(out, "\"}} {value}");
 }
 
 /// The exposition of a node whose validations directory holds `present`
