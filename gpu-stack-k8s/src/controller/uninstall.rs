@@ -27,7 +27,10 @@ use crate::migmanager::kube_node::merge_patch_body;
 #[derive(Debug, thiserror::Error)]
 pub enum UninstallError {
     /// An API call failed.
-    #[error("{what}: {source}; check the operator ServiceAccount's RBAC (the chart grants it)")]
+    #[error(
+        "{what}: {source}; check that the API server is reachable from the uninstall Job and \
+         that its role (the chart's uninstall-hook.yaml) allows this"
+    )]
     Api {
         /// The step.
         what: String,
@@ -134,7 +137,7 @@ pub async fn uninstall(
     };
     let operator_done = wait_until(
         "the operator's cleanup",
-        "",
+        "the operator did not remove the ClusterPolicies",
         options.operator_grace,
         policies_gone,
     )
