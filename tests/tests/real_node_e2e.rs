@@ -830,57 +830,46 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     Ok(())
 }
 
+/// `kind/name` of every object `api` lists with `params`.
+async fn names<K>(kind: &str, api: &Api<K>, params: &ListParams) -> Result<Vec<String>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list_metadata(params)
+        .await?
+        .items
+        .iter()
+        .map(|o| format!("{kind}/{}", o.name_any()))
+        .collect())
+}
+
 /// Names of what the chart's release left in the cluster (by its instance
 /// label), ClusterPolicies, and the node's GPU labels.
 async fn leftovers(client: &Client) -> Result<Vec<String>> {
+    let instance = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
+    let made_by_operator = ListParams::default().labels("app.kubernetes.io/managed-by=gpu-stack");
+    let all = ListParams::default();
+    let cluster_roles = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone());
     let mut left = Vec::new();
-    let selector = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
-    for (kind, names) in [
-        (
+    left.extend(
+        names(
             "Deployment",
-            Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), NAMESPACE)
-                .list_metadata(&selector)
-                .await?
-                .items
-                .iter()
-                .map(|o| o.name_any())
-                .collect::<Vec<_>>(),
-        ),
-        (
+            &Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), NAMESPACE),
+            &instance,
+        )
+        .await?,
+    );
+    left.extend(
+        names(
             "DaemonSet",
-            Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
-                .list_metadata(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .map(|o| o.name_any())
-                .collect(),
-        ),
-        (
-            "ClusterRole (the operator's)",
-            Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone())
-                .list_metadata(
-                    &ListParams::default().labels("app.kubernetes.io/managed-by=gpu-stack"),
-                )
-                .await?
-                .items
-                .iter()
-                .map(|o| o.name_any())
-                .collect(),
-        ),
-        (
-            "ClusterRole",
-            Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone())
-                .list_metadata(&selector)
-                .await?
-                .items
-                .iter()
-                .map(|o| o.name_any())
-                .collect(),
-        ),
-    ] {
-        left.extend(names.into_iter().map(|n| format!("{kind}/{n}")));
-    }
+            &Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE),
+            &all,
+        )
+        .await?,
+    );
+    left.extend(names("ClusterRole", &cluster_roles, &made_by_operator).await?);
+    left.extend(names("ClusterRole", &cluster_roles, &instance).await?);
     if cluster_policies(client).get_opt(POLICY).await?.is_some() {
         left.push(format!("ClusterPolicy/{POLICY}"));
     }
