@@ -205,7 +205,8 @@ pub fn start(layout: &Layout, cargo_bin_dir: &Path) -> Result<NodeLayout> {
     if !nix::unistd::Uid::effective().is_root() {
         bail!(
             "the real test node needs root (network and mount namespaces, cgroups, \
-             containerd): run as root, or leave the real node out (--no-real-node)"
+             containerd): run as root, or leave the real node out (`cargo xtask test \
+             --no-real-node`, or `cargo xtask cluster up` without --real-node)"
         );
     }
     ensure_packages()?;
