@@ -10,6 +10,8 @@
 //!   what the operator and the node agents decide.
 //! - [`nodediscovery`]: the NFD-compatible node labels the node-discovery agent
 //!   writes where NFD is not installed, and when it writes them.
+//! - [`toolkit`]: the container-runtime edits of the CDI-native toolkit agent
+//!   (containerd drop-in and `imports`, CRI-O drop-in, node layouts).
 //!
 //! ```
 //! use gpu_stack_core::{catalog, mig};
@@ -41,3 +43,4 @@ pub mod migmanager;
 pub mod migparted;
 pub mod nodediscovery;
 pub mod operator;
+pub mod toolkit;
