@@ -1,10 +1,12 @@
-//! Compiles the kubelet protocol definitions (device plugin v1beta1, pod-resources v1)
+//! Compiles the kubelet protocol definitions (device plugin v1beta1, pod-resources v1,
+//! the CRI runtime service's Status)
 //! with a protoc shipped inside a crate, so a fresh build needs nothing installed.
 use std::path::Path;
 
 const PROTOS: &[&str] = &[
     "proto/deviceplugin/v1beta1/api.proto",
     "proto/podresources/v1/api.proto",
+    "proto/cri/v1/api.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -8,6 +8,7 @@
 //!   [`validator`], [`node_status`]: the node agents' kubelet protocols and loops.
 //! - [`demo`]: the operator and agents against an in-memory cluster and simulated GPUs.
 //! - [`nodediscovery`]: the agent that writes NFD's node labels where NFD is not installed.
+//! - [`toolkit`]: the container toolkit agent (CDI-native runtime setup, no shim).
 //!
 //! ```
 //! // The CRD users install is generated from the Rust types.
@@ -30,4 +31,5 @@ pub mod nodediscovery;
 pub mod operator;
 pub mod operator_metrics;
 pub mod podresources;
+pub mod toolkit;
 pub mod validator;
