@@ -69,6 +69,15 @@ pub enum ValidatorError {
         /// The cause.
         source: kube::Error,
     },
+    /// The CDI-native toolkit check found problems.
+    #[error(
+        "toolkit not ready: {}; the toolkit DaemonSet's `gpu-stack toolkit` sets this up (see its log)",
+        problems.join("; ")
+    )]
+    ToolkitRuntime {
+        /// What is wrong, one entry each.
+        problems: Vec<String>,
+    },
     /// `--wait` gave up.
     #[error("{component} not ready after {secs} s of waiting; last failure: {last}")]
     CheckTimedOut {
@@ -112,6 +121,9 @@ pub struct ValidatorOptions {
     pub driver_root: DriverRoot,
     /// Paths whose existence shows the toolkit is installed.
     pub toolkit_evidence: Vec<PathBuf>,
+    /// With gpu-stack's toolkit agent: check its CDI spec and the runtime's
+    /// effective configuration instead of looking for paths.
+    pub toolkit_runtime: Option<RuntimeCheck>,
     /// CUDA driver API version the `cuda` check requires.
     pub cuda_required: CudaVersion,
     /// Node name (for the plugin check).
@@ -145,6 +157,104 @@ pub fn toolkit_evidence(paths: &[PathBuf]) -> ToolkitEvidence {
         .map(|p| p.display().to_string())
         .collect();
     ToolkitEvidence { checked, present }
+}
+
+/// What the CDI-native toolkit check looks at (host paths, seen under
+/// `host_root`).
+#[derive(Debug, Clone)]
+pub struct RuntimeCheck {
+    /// Where the host's root is seen.
+    pub host_root: PathBuf,
+    /// The runtime's CRI socket.
+    pub cri_socket: String,
+    /// The host CDI spec the agent writes.
+    pub cdi_spec: String,
+    /// The runtime handler the operands' RuntimeClass names, if any.
+    pub runtime_handler: Option<String>,
+}
+
+/// The toolkit is ready when the host CDI spec parses, names GPUs whose
+/// device nodes exist, and the running runtime reads CDI specs from the
+/// spec's directory (and has the runtime handler).
+pub async fn check_runtime(check: &RuntimeCheck) -> Result<ReadyFile, ValidatorError> {
+    use gpu_stack_core::toolkit::{RuntimeOptions, containerd::effective_gaps};
+    let host = |p: &str| crate::toolkit::host_path(&check.host_root, p);
+    let mut problems = Vec::new();
+    match std::fs::read_to_string(host(&check.cdi_spec)) {
+        Err(e) => problems.push(format!("cannot read the CDI spec {}: {e}", check.cdi_spec)),
+        Ok(text) => match serde_json::from_str::<gpu_stack_core::cdi::Spec>(&text) {
+            Err(e) => problems.push(format!(
+                "the CDI spec {} does not parse: {e}",
+                check.cdi_spec
+            )),
+            Ok(spec) => {
+                if spec.kind != gpu_stack_core::cdi::KIND {
+                    problems.push(format!(
+                        "the CDI spec {} is of kind {:?}, not {}",
+                        check.cdi_spec,
+                        gpu_stack_core::echo::clipped(&spec.kind).to_string(),
+                        gpu_stack_core::cdi::KIND
+                    ));
+                }
+                if !spec.devices.iter().any(|d| d.name != "all") {
+                    problems.push(format!("the CDI spec {} names no GPU", check.cdi_spec));
+                }
+                let missing: Vec<String> = spec
+                    .devices
+                    .iter()
+                    .flat_map(|d| &d.container_edits.device_nodes)
+                    .chain(&spec.container_edits.device_nodes)
+                    .map(|n| n.host_path.clone())
+                    .filter(|p| !host(p).exists())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                if !missing.is_empty() {
+                    problems.push(format!(
+                        "device nodes of the CDI spec missing on the host: {}",
+                        gpu_stack_core::echo::join_capped(&missing)
+                    ));
+                }
+            }
+        },
+    }
+    let dir = match check.cdi_spec.rsplit_once('/') {
+        Some((d, _)) if !d.is_empty() => d.to_string(),
+        _ => "/".to_string(),
+    };
+    match crate::toolkit::cri::status(&host(&check.cri_socket)).await {
+        Err(e) => problems.push(e.to_string()),
+        Ok(state) => {
+            if !state.ready {
+                problems.push(format!("the runtime at {} is not ready", check.cri_socket));
+            }
+            if let Some(json) = state.config_json {
+                let wanted = RuntimeOptions {
+                    cdi_spec_dirs: vec![dir],
+                    runtime_handler: check.runtime_handler.clone(),
+                };
+                match effective_gaps(&json, &wanted) {
+                    Ok(gaps) => {
+                        problems.extend(gaps.iter().map(|g| format!("the running runtime: {g}")))
+                    }
+                    Err(e) => {
+                        problems.push(format!("cannot read the runtime's configuration: {e}"))
+                    }
+                }
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(ReadyFile {
+            name: ValidationComponent::Toolkit.ready_file(),
+            content: format!(
+                "CDI_SPEC={}\nCRI_SOCKET={}\n",
+                check.cdi_spec, check.cri_socket
+            ),
+        })
+    } else {
+        Err(ValidatorError::ToolkitRuntime { problems })
+    }
 }
 
 /// Reads the Node's allocatable resources.
@@ -275,9 +385,10 @@ pub async fn check_once(
                 check_cuda(&evidence, options.cuda_required)?
             })
         }
-        ValidationComponent::Toolkit => {
-            Ok(check_toolkit(&toolkit_evidence(&options.toolkit_evidence))?)
-        }
+        ValidationComponent::Toolkit => match &options.toolkit_runtime {
+            Some(check) => check_runtime(check).await,
+            None => Ok(check_toolkit(&toolkit_evidence(&options.toolkit_evidence))?),
+        },
         ValidationComponent::Plugin => {
             let node = options.node.as_deref().ok_or(ValidatorError::NoNodeName)?;
             let client = sources
@@ -358,6 +469,7 @@ mod tests {
                 host_path: "/".into(),
             },
             toolkit_evidence: vec![dir.join("toolkit-installed")],
+            toolkit_runtime: None,
             cuda_required: "12.0".parse().unwrap(),
             node: None,
             wait: None,
@@ -546,5 +658,41 @@ mod tests {
         );
         assert!(remove_ready(&sub, "toolkit-ready").unwrap());
         assert!(!remove_ready(&sub, "toolkit-ready").unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_cdi_native_toolkit_check_asks_the_running_runtime() {
+        use crate::toolkit::fake_runtime::FakeRuntime;
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::create_dir_all(r.join("dev")).unwrap();
+        std::fs::write(r.join("dev/nvidia0"), "").unwrap();
+        std::fs::create_dir_all(r.join("run/cdi")).unwrap();
+        std::fs::create_dir_all(r.join("var")).unwrap();
+        std::os::unix::fs::symlink("/run", r.join("var/run")).unwrap();
+        let spec = serde_json::json!({
+            "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+            "devices": [{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/nvidia0"}]}}],
+        });
+        std::fs::write(r.join("run/cdi/nvidia-gpu-stack.json"), spec.to_string()).unwrap();
+        let runtime = FakeRuntime::serve(
+            &r.join("run/containerd/containerd.sock"),
+            crate::toolkit::agent::tests::CDI_OFF,
+        );
+        let check = RuntimeCheck {
+            host_root: r.to_path_buf(),
+            cri_socket: "/run/containerd/containerd.sock".into(),
+            cdi_spec: "/var/run/cdi/nvidia-gpu-stack.json".into(),
+            runtime_handler: Some("nvidia".into()),
+        };
+        let err = check_runtime(&check).await.unwrap_err().to_string();
+        assert!(err.contains("CDI") && err.contains("nvidia"), "{err}");
+        runtime.set(crate::toolkit::agent::tests::CDI_ON);
+        let ok = check_runtime(&check).await.unwrap();
+        assert_eq!(ok.name, "toolkit-ready");
+        // A device node the spec names but the host lacks.
+        std::fs::remove_file(r.join("dev/nvidia0")).unwrap();
+        let err = check_runtime(&check).await.unwrap_err().to_string();
+        assert!(err.contains("/dev/nvidia0"), "{err}");
     }
 }

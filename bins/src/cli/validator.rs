@@ -22,8 +22,8 @@ use gpu_stack_core::operator::validation::{
     CudaVersion, DEFAULT_REQUIRED_CUDA, DriverRoot, ValidationComponent, parse_components,
 };
 use gpu_stack_k8s::validator::{
-    DEFAULT_TOOLKIT_EVIDENCE, Sources, ValidatorError, ValidatorOptions, hold, validate,
-    wait_for_ready,
+    DEFAULT_TOOLKIT_EVIDENCE, RuntimeCheck, Sources, ValidatorError, ValidatorOptions, hold,
+    validate, wait_for_ready,
 };
 
 use crate::agent::{kube_client, shutdown_signal};
@@ -77,6 +77,20 @@ pub struct Args {
     /// (repeatable; default: CDI specs, the containerd drop-in, /usr/local/nvidia/toolkit).
     #[arg(long, value_name = "PATH")]
     toolkit_evidence: Vec<PathBuf>,
+    /// With gpu-stack's toolkit agent: the runtime's CRI socket (host path).
+    /// The toolkit check then asks the running runtime whether it reads the
+    /// CDI spec's directory, instead of looking for paths.
+    #[arg(long, value_name = "FILE", requires = "toolkit_cdi_spec")]
+    toolkit_cri_socket: Option<String>,
+    /// With gpu-stack's toolkit agent: the host CDI spec it writes (host path).
+    #[arg(long, value_name = "FILE", requires = "toolkit_cri_socket")]
+    toolkit_cdi_spec: Option<String>,
+    /// The runtime handler the toolkit check requires (the operands' RuntimeClass).
+    #[arg(long, value_name = "NAME")]
+    toolkit_runtime_class: Option<String>,
+    /// Where the host's root is seen, for the toolkit agent's host paths.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    host_root: PathBuf,
     /// CUDA driver API version the cuda check requires (`major.minor`).
     #[arg(long, value_name = "VERSION", default_value_t = DEFAULT_REQUIRED_CUDA)]
     cuda_version: CudaVersion,
@@ -160,6 +174,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 host_path: args.driver_root,
             },
             toolkit_evidence,
+            toolkit_runtime: match (args.toolkit_cri_socket, args.toolkit_cdi_spec) {
+                (Some(cri_socket), Some(cdi_spec)) => Some(RuntimeCheck {
+                    host_root: args.host_root,
+                    cri_socket,
+                    cdi_spec,
+                    runtime_handler: args.toolkit_runtime_class,
+                }),
+                _ => None,
+            },
             cuda_required: args.cuda_version,
             node: args.backend.node.clone(),
             wait: args.wait.then_some(timeout),
