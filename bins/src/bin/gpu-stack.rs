@@ -29,6 +29,8 @@ enum Command {
     NodeDiscovery(cli::node_discovery::Args),
     /// Serve this node's validation status as Prometheus gauges on /metrics.
     NodeStatusExporter(cli::node_status_exporter::Args),
+    /// Make this node's container runtime inject GPUs through CDI (the toolkit agent, no runtime shim).
+    Toolkit(cli::toolkit::Args),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
         Command::Validator(args) => cli::validator::run(args),
         Command::NodeDiscovery(args) => cli::node_discovery::run(args),
         Command::NodeStatusExporter(args) => cli::node_status_exporter::run(args),
+        Command::Toolkit(args) => cli::toolkit::run(args),
     };
     match result {
         Ok(code) => code,

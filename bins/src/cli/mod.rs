@@ -6,4 +6,5 @@ pub mod mig;
 pub mod mig_apply;
 pub mod node_discovery;
 pub mod node_status_exporter;
+pub mod toolkit;
 pub mod validator;
