@@ -622,6 +622,16 @@ impl ClusterPolicySpec {
         }
     }
 
+    /// True when the toolkit image is gpu-stack's own (image name `gpu-stack`):
+    /// the toolkit DaemonSet then runs `gpu-stack toolkit`, which configures
+    /// the runtime for CDI with no runtime shim, instead of NVIDIA's toolkit.
+    pub fn toolkit_is_gpu_stack(&self) -> bool {
+        let image = self.image_settings(Component::ContainerToolkit).image;
+        let name = image.rsplit('/').next().unwrap_or(&image);
+        let name = name.split(['@', ':']).next().unwrap_or(name);
+        name == "gpu-stack"
+    }
+
     /// The driver request for the selection matrix.
     pub fn driver_request(&self) -> DriverRequest {
         let d = self.driver.as_ref();

@@ -196,7 +196,14 @@ pub fn rbac_rules(c: Component) -> Vec<PolicyRule> {
             // Outcome Events regarding its Node (recorded in "default").
             rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
         ],
-        Component::ContainerToolkit | Component::NodeStatusExporter => Vec::new(),
+        // gpu-stack's agent watches its Node and its DaemonSet to tell a
+        // removal from a restart at SIGTERM (NVIDIA's needs none).
+        Component::ContainerToolkit => vec![
+            rule(&[""], &["nodes"], &["get", "list", "watch"]),
+            rule(&[""], &["pods"], &["get"]),
+            rule(&["apps"], &["daemonsets"], &["get", "list", "watch"]),
+        ],
+        Component::NodeStatusExporter => Vec::new(),
     }
 }
 
@@ -258,11 +265,16 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
 }
 
 fn node_name_env() -> EnvVar {
+    field_env("NODE_NAME", "spec.nodeName")
+}
+
+/// A variable from the downward API.
+fn field_env(name: &str, field_path: &str) -> EnvVar {
     EnvVar {
-        name: "NODE_NAME".into(),
+        name: name.into(),
         value_from: Some(EnvVarSource {
             field_ref: Some(ObjectFieldSelector {
-                field_path: "spec.nodeName".into(),
+                field_path: field_path.into(),
                 ..Default::default()
             }),
             ..Default::default()
@@ -323,6 +335,16 @@ const PREINSTALLED_TOOLKIT_TRACES: [&str; 5] = [
     "/etc/cdi",
     "/run/cdi",
 ];
+/// The runtime's socket (host path) the toolkit check asks: NVIDIA's
+/// `CONTAINERD_SOCKET` from `toolkit.env` when set.
+fn toolkit_socket(spec: &ClusterPolicySpec) -> String {
+    spec.component(Component::ContainerToolkit)
+        .and_then(|c| c.env.iter().find(|e| e.name == "CONTAINERD_SOCKET"))
+        .map(|e| e.value.clone())
+        .filter(|v| v.starts_with('/'))
+        .unwrap_or_else(|| "/run/containerd/containerd.sock".into())
+}
+
 /// Well-known node label carrying the node name; used to keep refused nodes
 /// out of a driver pool.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
@@ -366,6 +388,29 @@ fn gate_container(ctx: &RenderContext, gate: Gate) -> Container {
                         Some("HostToContainer"),
                     ),
                     mount(HOST_ROOT_VOLUME, "/host", true, Some("HostToContainer")),
+                ]);
+            }
+            if gate == Gate::ToolkitValidation
+                && ctx.spec().enablement().toolkit
+                && ctx.spec().toolkit_is_gpu_stack()
+            {
+                // gpu-stack's agent: check the CDI spec it wrote and the
+                // runtime's effective configuration, through the host root.
+                c.volume_mounts.get_or_insert_with(Vec::new).push(mount(
+                    HOST_ROOT_VOLUME,
+                    "/host",
+                    true,
+                    Some("HostToContainer"),
+                ));
+                c.args.get_or_insert_with(Vec::new).extend([
+                    "--host-root".into(),
+                    "/host".into(),
+                    "--toolkit-cri-socket".into(),
+                    toolkit_socket(ctx.spec()),
+                    "--toolkit-cdi-spec".into(),
+                    format!("/var/run/cdi/{}", crate::deviceplugin::cdi::SPEC_FILE),
+                    "--toolkit-runtime-class".into(),
+                    ctx.spec().runtime_class(),
                 ]);
             }
             if gate == Gate::ToolkitValidation && !ctx.spec().enablement().toolkit {
@@ -478,6 +523,15 @@ fn component_env(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                 }
             }
         }
+        Component::ContainerToolkit if spec.toolkit_is_gpu_stack() => {
+            // `gpu-stack toolkit` reads NVIDIA's toolkit variables; the pod's
+            // identity lets it tell a removal from a restart at SIGTERM.
+            out.push(env("RUNTIME", "containerd"));
+            out.push(env("CONTAINERD_RUNTIME_CLASS", spec.runtime_class()));
+            out.push(env("NVIDIA_DRIVER_ROOT", driver_install_dir(spec)));
+            out.push(field_env("POD_NAME", "metadata.name"));
+            out.push(field_env("POD_NAMESPACE", "metadata.namespace"));
+        }
         Component::ContainerToolkit => {
             out.push(env("CDI_ENABLED", spec.cdi_enabled().to_string()));
             out.push(env("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"));
@@ -560,6 +614,17 @@ fn volumes(ctx: &RenderContext, c: Component) -> (Vec<Volume>, Vec<VolumeMount>)
             ));
             vols.push(host_volume("dev-log", "/dev/log", None));
             mounts.push(mount("dev-log", "/dev/log", false, None));
+        }
+        Component::ContainerToolkit if spec.toolkit_is_gpu_stack() => {
+            // The agent edits the runtime's config and writes the CDI spec
+            // through the host root, resolving the host's symlinks (such as
+            // /var/run -> /run) inside it.
+            mounts.push(mount(
+                HOST_ROOT_VOLUME,
+                "/host",
+                false,
+                Some("HostToContainer"),
+            ));
         }
         Component::ContainerToolkit => {
             let dir = spec
@@ -821,6 +886,15 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
             main.security_context = privileged();
             if c == Component::MigManager {
                 host_pid = Some(true);
+            }
+            if c == Component::ContainerToolkit && spec.toolkit_is_gpu_stack() {
+                // The runtime is restarted by a signal to the process
+                // behind its socket, so the agent sees the host's pids.
+                host_pid = Some(true);
+                main.args = Some(with_user_args(
+                    vec!["toolkit".into(), "--host-root".into(), "/host".into()],
+                    main.args.take(),
+                ));
             }
         }
         Component::OperatorValidator => {

@@ -390,3 +390,99 @@ fn validator_env_reaches_every_check() {
         );
     }
 }
+
+#[test]
+fn a_gpu_stack_toolkit_image_runs_the_cdi_native_agent() {
+    let policy = policy_with(serde_json::json!({"toolkit": {
+        "repository": "localhost/gpu-stack", "image": "gpu-stack", "version": "0.1.0",
+        "env": [{"name": "CONTAINERD_SOCKET", "value": "/run/k3s/containerd/containerd.sock"}],
+    }}));
+    assert!(policy.spec.toolkit_is_gpu_stack());
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::ContainerToolkit, None);
+    let pod = pod_of(&ds);
+    assert_eq!(
+        pod.host_pid,
+        Some(true),
+        "the agent signals the runtime by pid"
+    );
+    assert_eq!(pod.runtime_class_name, None);
+    let main = &pod.containers[0];
+    assert_eq!(
+        main.args.clone().unwrap_or_default(),
+        strings(&["toolkit", "--host-root", "/host"])
+    );
+    let env: Vec<&str> = main.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    for name in [
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "NODE_NAME",
+        "NVIDIA_DRIVER_ROOT",
+        "CONTAINERD_RUNTIME_CLASS",
+    ] {
+        assert!(env.contains(&name), "{name} missing: {env:?}");
+    }
+    assert!(
+        !env.contains(&"TOOLKIT_INSTALL_DIR"),
+        "NVIDIA's variables stay out: {env:?}"
+    );
+    assert!(
+        main.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/host" && m.read_only != Some(true)),
+        "the agent writes through the host root"
+    );
+    // The check asks the runtime the agent configured, at the user's socket.
+    let validator = render::daemonset(&ctx, Component::OperatorValidator, None);
+    let check = pod_of(&validator)
+        .init_containers
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name == "toolkit-validation")
+        .expect("a toolkit-validation init container");
+    let args = check.args.unwrap_or_default();
+    assert!(
+        args.windows(2).any(|w| w
+            == [
+                "--toolkit-cri-socket",
+                "/run/k3s/containerd/containerd.sock"
+            ]),
+        "{args:?}"
+    );
+    assert!(
+        args.windows(2).any(|w| w[0] == "--toolkit-cdi-spec"),
+        "{args:?}"
+    );
+    // The agent's role lets it tell a removal from a restart.
+    let rules = render::rbac_rules(Component::ContainerToolkit);
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.resources.iter().flatten().any(|x| x == "daemonsets"))
+    );
+}
+
+#[test]
+fn nvidias_toolkit_image_keeps_nvidias_toolkit_contract() {
+    let policy = policy_with(serde_json::json!({}));
+    assert!(!policy.spec.toolkit_is_gpu_stack());
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::ContainerToolkit, None);
+    let main = &pod_of(&ds).containers[0];
+    assert!(
+        main.image
+            .as_deref()
+            .is_some_and(|i| i.contains("container-toolkit"))
+    );
+    assert_eq!(main.args, None);
+    let env: Vec<&str> = main.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert!(env.contains(&"TOOLKIT_INSTALL_DIR") && env.contains(&"CDI_ENABLED"));
+}
