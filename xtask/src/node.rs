@@ -12,9 +12,13 @@
 //!   unix socket; the API server reaches the kubelet and pods through an HTTP
 //!   CONNECT proxy on a unix socket inside the namespace (its egress selector),
 //!   which accepts only the node's subnet. So no packet leaves the machine.
-//! - mounts: a persistent mount namespace where `root/run`, `root/var/lib` and
-//!   `root/var/log` are bound over `/run`, `/var/lib` and `/var/log` (the
-//!   kubelet always uses `/var/lib/kubelet/device-plugins`).
+//! - mounts: a persistent mount namespace where `root/run`, `root/var/lib`,
+//!   `root/var/log` and `root/etc/containerd` are bound over `/run`,
+//!   `/var/lib`, `/var/log` and `/etc/containerd` (the kubelet always uses
+//!   `/var/lib/kubelet/device-plugins`; the toolkit agent edits containerd's
+//!   config at its default path).
+//! - containerd: a plain user's config (no CDI, no `nvidia` runtime), started
+//!   again whenever it exits, as its systemd unit would.
 //! - cgroups: the kubelet's cgroup root is `/gpu-stack-<port base>` in every
 //!   hierarchy, removed on teardown.
 //! - a simulated GPU host: under `/run/gpu-stack-sim` the GPUs' device nodes
@@ -274,14 +278,13 @@ pub fn start(layout: &Layout, cargo_bin_dir: &Path) -> Result<NodeLayout> {
         ],
         true,
     )?;
-    spawn(
+    spawn_supervised(
         &node,
         "containerd",
         &[
             node.bin.join("containerd").display().to_string(),
-            format!("--config={}", node.dir.join("containerd.toml").display()),
+            format!("--config={CONTAINERD_CONFIG}"),
         ],
-        true,
     )?;
     wait_for(&node, "containerd's socket", || {
         ctr(&node, &["version"]).is_ok()
@@ -374,7 +377,25 @@ fn wait_for(node: &NodeLayout, what: &str, mut ready: impl FnMut() -> bool) -> R
 /// process group (inside the node's namespaces when `inside`); the pid file
 /// holds the process itself (the script `exec`s it).
 fn spawn(node: &NodeLayout, name: &str, argv: &[String], inside: bool) -> Result<()> {
-    let mut line = String::from("exec");
+    spawn_with(node, name, argv, inside, false)
+}
+
+/// Like [`spawn`], started again one second after it exits, as systemd's
+/// `Restart=always` does for containerd: the toolkit agent restarts the
+/// runtime by signalling it. The running process's pid is in
+/// `pids/<name>.main.pid`.
+fn spawn_supervised(node: &NodeLayout, name: &str, argv: &[String]) -> Result<()> {
+    spawn_with(node, name, argv, true, true)
+}
+
+fn spawn_with(
+    node: &NodeLayout,
+    name: &str,
+    argv: &[String],
+    inside: bool,
+    supervised: bool,
+) -> Result<()> {
+    let mut line = String::from(if supervised { "" } else { "exec" });
     if inside {
         line.push_str(&format!(
             " nsenter --net={} --mount={} --",
@@ -386,13 +407,22 @@ fn spawn(node: &NodeLayout, name: &str, argv: &[String], inside: bool) -> Result
         line.push(' ');
         line.push_str(&shell_quote(arg));
     }
-    let log = node.logs.join(format!("{name}.log"));
+    let log = shell_quote(&node.logs.join(format!("{name}.log")).display().to_string());
+    let run = if supervised {
+        let main_pid = node.pids.join(format!("{name}.main.pid"));
+        format!(
+            "while :; do\n  {line} >>{log} 2>&1 &\n  echo $! >{pid}\n  wait $!\n  sleep 1\ndone\n",
+            line = line.trim_start(),
+            pid = shell_quote(&main_pid.display().to_string()),
+        )
+    } else {
+        format!("{line} >>{log} 2>&1\n")
+    };
     let script = format!(
         "#!/bin/sh\n# Starts {name} of the real test node (written by cargo xtask).\n\
-         cd {dir}\nexport PATH={bin}:/usr/sbin:/usr/bin:/sbin:/bin\n{line} >>{log} 2>&1\n",
+         cd {dir}\nexport PATH={bin}:/usr/sbin:/usr/bin:/sbin:/bin\n{run}",
         dir = shell_quote(&node.dir.display().to_string()),
         bin = shell_quote(&node.bin.display().to_string()),
-        log = shell_quote(&log.display().to_string()),
     );
     let path = node.start_script(name);
     fs::write(&path, script).with_context(|| format!("writing {}", path.display()))?;
@@ -461,6 +491,13 @@ fn network_up(node: &NodeLayout) -> Result<()> {
     Ok(())
 }
 
+/// containerd's config file inside the node (its default path).
+pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
+/// The host directory the node's `/etc/containerd` is mounted on.
+const HOST_CONTAINERD_ETC: &str = "/etc/containerd";
+/// Marks that the node's start created [`HOST_CONTAINERD_ETC`].
+const CREATED_ETC_MARKER: &str = "created-etc-containerd";
+
 fn mount_ns_up(node: &NodeLayout) -> Result<()> {
     let ns_dir = node.dir.join("ns");
     let dir = ns_dir.display().to_string();
@@ -468,6 +505,13 @@ fn mount_ns_up(node: &NodeLayout) -> Result<()> {
     run(Command::new("mount").args(["--bind", &dir, &dir]))?;
     run(Command::new("mount").args(["--make-private", &dir]))?;
     fs::File::create(node.mount_ns())?;
+    // The node's /etc/containerd is its own (the toolkit agent edits it); the
+    // host only needs the mount point, removed again by `cleanup`.
+    if !Path::new(HOST_CONTAINERD_ETC).exists() {
+        fs::create_dir(HOST_CONTAINERD_ETC)
+            .with_context(|| format!("creating the mount point {HOST_CONTAINERD_ETC}"))?;
+        fs::write(node.dir.join(CREATED_ETC_MARKER), "")?;
+    }
     run(Command::new("unshare")
         .arg(format!("--mount={}", node.mount_ns().display()))
         .args(["--propagation", "private", "true"]))
@@ -477,10 +521,12 @@ fn mount_ns_up(node: &NodeLayout) -> Result<()> {
          mount --bind {run} /run\n\
          mount --bind {lib} /var/lib\n\
          mount --bind {log} /var/log\n\
+         mount --bind {etc} /etc/containerd\n\
          mount --make-rshared /\n",
         run = shell_quote(&node.host_path("/run").display().to_string()),
         lib = shell_quote(&node.host_path("/var/lib").display().to_string()),
         log = shell_quote(&node.host_path("/var/log").display().to_string()),
+        etc = shell_quote(&node.host_path("/etc/containerd").display().to_string()),
     );
     // The namespace's mounts are its own copies (the host's stay private to
     // the host), so making them shared inside lets pods use HostToContainer
@@ -640,6 +686,12 @@ pub fn cleanup(node: &NodeLayout) -> Result<()> {
     if node.netns_path().exists() {
         ip(&["netns", "del", &node.netns]).context("removing the node's network namespace")?;
     }
+    if node.dir.join(CREATED_ETC_MARKER).exists() {
+        // Only if still empty: another node may use it as its mount point.
+        if fs::remove_dir(HOST_CONTAINERD_ETC).is_ok() || !Path::new(HOST_CONTAINERD_ETC).exists() {
+            fs::remove_file(node.dir.join(CREATED_ETC_MARKER)).ok();
+        }
+    }
     for dir in node_cgroups(node) {
         // A cgroup disappears once its last task is gone; retry briefly.
         for _ in 0..50 {
@@ -675,6 +727,8 @@ pub fn leftovers(layout: &Layout) -> bool {
 }
 
 fn write_configs(node: &NodeLayout) -> Result<()> {
+    // A plain containerd 1.7 config as a user has it: no CDI, no `nvidia`
+    // runtime, no `imports`. The toolkit agent adds those.
     let containerd = format!(
         r#"# containerd of the real test node (written by cargo xtask).
 version = 2
@@ -688,8 +742,6 @@ state = "/run/containerd"
   sandbox_image = "{pause}"
   # The machine lacks CAP_SYS_RESOURCE: runc may not raise oom_score_adj.
   restrict_oom_score_adj = true
-  enable_cdi = true
-  cdi_spec_dirs = ["/var/run/cdi"]
   stream_server_address = "127.0.0.1"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
@@ -698,12 +750,6 @@ state = "/run/containerd"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-    # The RuntimeClass the operator's operands name: plain runc, since the
-    # devices come through CDI.
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
-        SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni}"
@@ -711,7 +757,11 @@ state = "/run/containerd"
         pause = images::pause_image(),
         cni = node.dir.join("cni").display(),
     );
-    fs::write(node.dir.join("containerd.toml"), containerd)?;
+    let etc = node.host_path(CONTAINERD_CONFIG);
+    if let Some(dir) = etc.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(&etc, containerd)?;
     let cni = format!(
         r#"{{
   "cniVersion": "1.0.0",
