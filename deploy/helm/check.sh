@@ -59,4 +59,12 @@ grep -A1 '^  dcgmExporter:$' "$out/knobs.yaml" | grep -q 'enabled: false' \
   || { echo "deploy/helm/check.sh: dcgmExporter.enabled=false not passed to the ClusterPolicy" >&2; exit 1; }
 grep -q 'version: v9.9.9' "$out/knobs.yaml" \
   || { echo "deploy/helm/check.sh: devicePlugin.version not passed to the ClusterPolicy" >&2; exit 1; }
+# toolkit.image=gpu-stack: gpu-stack's toolkit agent, from imageRepository;
+# NVIDIA's toolkit stays the default.
+grep -A4 '^  toolkit:$' "$out/default.yaml" | grep -q 'repository: nvcr.io/nvidia/k8s' \
+  || { echo "deploy/helm/check.sh: NVIDIA's toolkit is not the default" >&2; exit 1; }
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" \
+  --set toolkit.image=gpu-stack --set toolkit.repository= --set toolkit.version= >"$out/toolkit.yaml"
+grep -A6 '^  toolkit:$' "$out/toolkit.yaml" | grep -q 'repository: registry.example.com/gpu-stack' \
+  || { echo "deploy/helm/check.sh: toolkit.image=gpu-stack does not take imageRepository" >&2; exit 1; }
 echo "helm chart: lint and template OK"
