@@ -1,9 +1,9 @@
 //! The operator logic ([`crate::operator::Operator`]) as a controller [`Pass`]
 //! over [`KubeCluster`], plus what only a real cluster needs: a finalizer so
 //! that deleting the ClusterPolicy also removes the node labels the operator
-//! added, and Events for decisions (published once per change, so a resync
-//! writes nothing).
-use std::collections::{BTreeMap, BTreeSet};
+//! added, and Events for decisions (published when a condition appears, not on
+//! every pass while it holds, and again if it clears and comes back).
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
-use super::events::{Decision, Severity};
+use super::events::{Announced, Decision, Severity};
 use super::operand_pods;
 use super::watches::{CacheError, Caches};
 use super::{Pass, PassReport};
@@ -66,7 +66,7 @@ pub enum KubePassError {
 pub struct OperatorPass {
     operator: Operator<KubeCluster>,
     caches: Caches,
-    published: Mutex<BTreeSet<(String, String, String)>>,
+    published: Mutex<Announced>,
     /// Operand pods, read only while the policy is not ready.
     pods: kube::Api<k8s_openapi::api::core::v1::Pod>,
 }
@@ -82,7 +82,7 @@ impl OperatorPass {
         Self {
             operator,
             caches,
-            published: Mutex::new(BTreeSet::new()),
+            published: Mutex::new(Announced::new()),
             pods,
         }
     }
@@ -215,25 +215,22 @@ impl OperatorPass {
         })
     }
 
-    /// Keeps only decisions not published before (by object, reason, note).
+    /// Keeps only decisions the previous pass did not already publish (by
+    /// object, reason, note); those no longer reported are forgotten.
     fn fresh(&self, all: Vec<(ObjectReference, Decision)>) -> Vec<(ObjectReference, Decision)> {
-        let Ok(mut seen) = self.published.lock() else {
-            return all;
-        };
-        all.into_iter()
-            .filter(|(r, d)| {
-                let key = (
-                    format!(
-                        "{}/{}",
-                        r.kind.clone().unwrap_or_default(),
-                        r.name.clone().unwrap_or_default()
-                    ),
-                    d.reason.clone(),
-                    d.note.clone(),
-                );
-                seen.insert(key)
-            })
-            .collect()
+        self.published
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .fresh(all)
+    }
+
+    /// Forgets every announced decision (the policy is going away, so a new
+    /// one starts afresh).
+    fn forget_announced(&self) {
+        self.published
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clear();
     }
 }
 
@@ -323,6 +320,7 @@ impl Pass for OperatorPass {
     async fn run(&self, policy: Arc<ClusterPolicy>) -> Result<PassReport, KubePassError> {
         self.caches.wait_until_synced().await?;
         if policy.meta().deletion_timestamp.is_some() {
+            self.forget_announced();
             if policy.finalizers().iter().any(|f| f == FINALIZER) {
                 return self.cleanup(&policy).await;
             }
