@@ -2,7 +2,7 @@
 //! and the kube-runtime controller that drives one reconcile pass of the
 //! operator logic whenever something it depends on changes.
 //!
-//! Triggers, all event-driven (no polling loop):
+//! Triggers, event-driven except for the slow resync below:
 //! - ClusterPolicy changes (the controller's main watch);
 //! - node *metadata* changes that alter labels, or nodes joining and leaving
 //!   (a metadata-only watch: no Node specs or statuses are cached);
@@ -14,7 +14,8 @@
 //!
 //! Errors are retried with exponential backoff (100 ms doubling to 30 s, as
 //! NVIDIA's operator does up to its cap); a pass that reports operands not
-//! ready asks to be requeued after a short delay.
+//! ready asks to be requeued after a short delay, and any other successful
+//! pass runs again after [`RESYNC_PERIOD`] (it writes only what differs).
 pub mod client;
 pub mod events;
 pub mod operand_pods;
@@ -39,6 +40,11 @@ use crate::clusterpolicy::ClusterPolicy;
 use crate::operator_metrics::{OperatorMetrics, ReconciliationStatus};
 use events::{Decision, EventPublisher};
 
+/// Period of the resync after a successful pass. Watches can miss a change
+/// (a dropped watch, an edit the operator cannot see); a slow pass repairs
+/// it, and costs no writes when the cluster already matches.
+pub const RESYNC_PERIOD: Duration = Duration::from_secs(300);
+
 /// What one reconcile pass reports back to the controller.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PassReport {
@@ -54,7 +60,8 @@ pub struct PassReport {
     pub unchanged: u64,
     /// Decisions to publish as Events, with the object each is about.
     pub decisions: Vec<(ObjectReference, Decision)>,
-    /// When to look again even if nothing changes (operands not ready yet).
+    /// When to look again even if nothing changes (operands not ready yet);
+    /// `None` waits for the periodic resync ([`RESYNC_PERIOD`]).
     pub requeue_after: Option<Duration>,
 }
 
@@ -212,10 +219,13 @@ async fn reconcile<P: Pass>(
         unchanged = report.unchanged,
         "reconciled"
     );
-    Ok(match report.requeue_after {
-        Some(after) => Action::requeue(after),
-        None => Action::await_change(),
-    })
+    Ok(next_action(report.requeue_after))
+}
+
+/// When to run again after a successful pass: as the pass asked, else at the
+/// periodic resync.
+fn next_action(requeue_after: Option<Duration>) -> Action {
+    Action::requeue(requeue_after.unwrap_or(RESYNC_PERIOD))
 }
 
 fn error_policy<P: Pass>(
@@ -241,8 +251,15 @@ pub fn reference_to<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReference {
 
 #[cfg(test)]
 mod tests {
-    use super::Backoff;
+    use super::{Action, Backoff, RESYNC_PERIOD, next_action};
     use std::time::Duration;
+
+    #[test]
+    fn a_successful_pass_resyncs_slowly_unless_it_asks_for_sooner() {
+        assert_eq!(next_action(None), Action::requeue(RESYNC_PERIOD));
+        let soon = Duration::from_secs(5);
+        assert_eq!(next_action(Some(soon)), Action::requeue(soon));
+    }
 
     #[test]
     fn backoff_doubles_to_a_cap_and_resets() {
