@@ -4,9 +4,11 @@
 //!
 //! nvml-wrapper covers inventory and most telemetry; MIG instance management,
 //! placements, remapped rows, field values and events with MIG attribution go
-//! through the small unsafe wrappers in [`raw`].
+//! through the crate-private `raw` module: small wrappers whose functions on
+//! raw NVML handles are `unsafe fn`s, called here only with handles of live
+//! nvml-wrapper devices (or instances NVML just returned for them).
 
-pub mod raw;
+mod raw;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -202,7 +204,9 @@ impl NvmlBackend {
         let h = Self::handle(dev);
         let mut out = Vec::new();
         for e in 0..GI_PROFILE_ENUMS {
-            match raw::gi_profile_info(&self.nvml, h, gpu, e) {
+            // SAFETY: `h` is the handle of `dev`, which (with the `Nvml` it
+            // borrows) outlives the call.
+            match unsafe { raw::gi_profile_info(&self.nvml, h, gpu, e) } {
                 Ok(info) => {
                     if !out.iter().any(|p: &raw::GiProfileInfo| p.id == info.id) {
                         out.push(info);
@@ -248,7 +252,8 @@ impl NvmlBackend {
                 Err(NvmlError::NotFound) | Err(NvmlError::InvalidArg) => continue,
                 Err(e) => return Err(map_err(e, gpu, "MIG device handle")),
             };
-            let ids = raw::mig_device_ids(&self.nvml, Self::handle(&mig), gpu)?;
+            // SAFETY: `mig` is a live MIG device handle from nvml-wrapper.
+            let ids = unsafe { raw::mig_device_ids(&self.nvml, Self::handle(&mig), gpu)? };
             out.push((ids, mig));
         }
         Ok(out)
@@ -260,24 +265,27 @@ impl NvmlBackend {
         let uuids = self.mig_uuids(gpu, dev)?;
         let mut out = Vec::new();
         for p in &profiles {
-            for gi in raw::gpu_instances(&self.nvml, h, gpu, p.id, p.instance_count)? {
+            // SAFETY: `h` is the handle of `dev`, alive for this whole loop.
+            for gi in unsafe { raw::gpu_instances(&self.nvml, h, gpu, p)? } {
                 let mut cis = Vec::new();
                 let mut seen_profiles = Vec::new();
                 for e in 0..CI_PROFILE_ENUMS {
-                    let Some((ci_id, slices, max)) =
-                        raw::ci_profile(&self.nvml, gi.handle, gpu, e)?
+                    // SAFETY: NVML just listed `gi` on the live device; nothing
+                    // here destroys it.
+                    let Some(cp) = (unsafe { raw::ci_profile(&self.nvml, gi.handle, gpu, e)? })
                     else {
                         continue;
                     };
-                    if seen_profiles.contains(&ci_id) {
+                    if seen_profiles.contains(&cp.id) {
                         continue;
                     }
-                    seen_profiles.push(ci_id);
-                    for ci in raw::compute_instances(&self.nvml, gi.handle, gpu, ci_id, max)? {
+                    seen_profiles.push(cp.id);
+                    // SAFETY: as above, `gi.handle` is live.
+                    for ci in unsafe { raw::compute_instances(&self.nvml, gi.handle, gpu, &cp)? } {
                         cis.push(ComputeInstance {
                             id: ci.id,
                             profile_id: e,
-                            slice_count: slices,
+                            slice_count: cp.slice_count,
                             placement: SlicePlacement {
                                 start: ci.start,
                                 size: ci.size,
@@ -419,7 +427,8 @@ impl GpuBackend for NvmlBackend {
         self.profiles(gpu, &dev)?
             .into_iter()
             .map(|p| {
-                let placements = raw::possible_placements(&self.nvml, h, gpu, p.id)?
+                // SAFETY: `h` is the handle of `dev`, alive across the call.
+                let placements = unsafe { raw::possible_placements(&self.nvml, h, gpu, p.id)? }
                     .into_iter()
                     .map(|(start, size)| SlicePlacement { start, size })
                     .collect();
@@ -469,14 +478,17 @@ impl GpuBackend for NvmlBackend {
                         .join(", ")
                 ),
             })?;
-        let gi = raw::create_gpu_instance(
-            &self.nvml,
-            Self::handle(&dev),
-            gpu,
-            profile_id,
-            placement.start,
-            placement.size,
-        )?;
+        // SAFETY: `dev` is a live device handle from nvml-wrapper.
+        let gi = unsafe {
+            raw::create_gpu_instance(
+                &self.nvml,
+                Self::handle(&dev),
+                gpu,
+                profile_id,
+                placement.start,
+                placement.size,
+            )?
+        };
         Ok(GpuInstance {
             id: gi.id,
             profile_id: gi.profile_id,
@@ -497,14 +509,18 @@ impl GpuBackend for NvmlBackend {
     ) -> Result<ComputeInstance, BackendError> {
         let dev = self.device(gpu)?;
         self.require_mig_on(gpu, &dev, "creating a compute instance")?;
-        let gi = raw::gpu_instance_by_id(&self.nvml, Self::handle(&dev), gpu, gpu_instance_id)?;
+        // SAFETY: `dev` is a live device handle from nvml-wrapper.
+        let gi = unsafe {
+            raw::gpu_instance_by_id(&self.nvml, Self::handle(&dev), gpu, gpu_instance_id)?
+        };
         let mut sizes = Vec::new();
         let mut chosen = None;
         for e in 0..CI_PROFILE_ENUMS {
-            if let Some((id, slices, _)) = raw::ci_profile(&self.nvml, gi.handle, gpu, e)? {
-                sizes.push(slices);
-                if slices == slice_count && chosen.is_none() {
-                    chosen = Some((e, id));
+            // SAFETY: NVML just returned `gi` for the live device.
+            if let Some(cp) = unsafe { raw::ci_profile(&self.nvml, gi.handle, gpu, e)? } {
+                sizes.push(cp.slice_count);
+                if cp.slice_count == slice_count && chosen.is_none() {
+                    chosen = Some((e, cp.id));
                 }
             }
         }
@@ -516,7 +532,9 @@ impl GpuBackend for NvmlBackend {
                 ),
             });
         };
-        let ci = raw::create_compute_instance(&self.nvml, gi.handle, gpu, ci_profile_id)?;
+        // SAFETY: `gi.handle` is live (returned above, not destroyed).
+        let ci =
+            unsafe { raw::create_compute_instance(&self.nvml, gi.handle, gpu, ci_profile_id)? };
         let uuid = self
             .mig_uuids(gpu, &dev)?
             .remove(&(gpu_instance_id, ci.id))
@@ -541,22 +559,31 @@ impl GpuBackend for NvmlBackend {
     ) -> Result<(), BackendError> {
         let dev = self.device(gpu)?;
         self.require_mig_on(gpu, &dev, "destroying a compute instance")?;
-        let gi = raw::gpu_instance_by_id(&self.nvml, Self::handle(&dev), gpu, gpu_instance_id)?;
-        let ci = raw::compute_instance_by_id(
-            &self.nvml,
-            gi.handle,
-            gpu,
-            gpu_instance_id,
-            compute_instance_id,
-        )?;
-        raw::destroy_compute_instance(&self.nvml, ci.handle, gpu)
+        // SAFETY: `dev` is a live device handle; `gi` and `ci` were just returned
+        // by NVML for it, and `ci` is consumed by the destroy.
+        unsafe {
+            let gi = raw::gpu_instance_by_id(&self.nvml, Self::handle(&dev), gpu, gpu_instance_id)?;
+            let ci = raw::compute_instance_by_id(
+                &self.nvml,
+                gi.handle,
+                gpu,
+                gpu_instance_id,
+                compute_instance_id,
+            )?;
+            raw::destroy_compute_instance(&self.nvml, ci, gpu)
+        }
     }
 
     fn destroy_gpu_instance(&self, gpu: u32, gpu_instance_id: u32) -> Result<(), BackendError> {
         let dev = self.device(gpu)?;
         self.require_mig_on(gpu, &dev, "destroying a GPU instance")?;
-        let gi = raw::gpu_instance_by_id(&self.nvml, Self::handle(&dev), gpu, gpu_instance_id)?;
-        raw::destroy_gpu_instance(&self.nvml, gi.handle, gpu).map_err(|e| match e {
+        // SAFETY: `dev` is a live device handle; `gi` was just returned by NVML
+        // for it and is consumed by the destroy.
+        let destroyed = unsafe {
+            let gi = raw::gpu_instance_by_id(&self.nvml, Self::handle(&dev), gpu, gpu_instance_id)?;
+            raw::destroy_gpu_instance(&self.nvml, gi, gpu)
+        };
+        destroyed.map_err(|e| match e {
             BackendError::InUse { gpu, .. } => BackendError::InUse {
                 gpu,
                 detail: format!(
@@ -581,9 +608,12 @@ impl GpuBackend for NvmlBackend {
         let n = &self.nvml;
         let m = |op: &'static str| move |e: NvmlError| map_err(e, gpu, op);
         let util = reading(dev.utilization_rates().map_err(m("utilization")))?;
+        // SAFETY (every raw call in this function): `h` is the handle of `dev`,
+        // which outlives them.
+        let field = |id: u32, scope: u32| unsafe { raw::field_u64(n, h, gpu, id, scope) };
         let nvlink = match (
-            raw::field_u64(n, h, gpu, FI_NVLINK_TX, ALL_LINKS),
-            raw::field_u64(n, h, gpu, FI_NVLINK_RX, ALL_LINKS),
+            field(FI_NVLINK_TX, ALL_LINKS),
+            field(FI_NVLINK_RX, ALL_LINKS),
         ) {
             (Ok(tx), Ok(rx)) => Ok(tx.saturating_add(rx)),
             (Err(e), _) | (_, Err(e)) => Err(e),
@@ -606,7 +636,7 @@ impl GpuBackend for NvmlBackend {
                 dev.temperature(TemperatureSensor::Gpu)
                     .map_err(m("GPU temperature")),
             )?,
-            memory_temp_c: reading(raw::field_u64(n, h, gpu, FI_MEMORY_TEMP, 0).map(|v| v as u32))?,
+            memory_temp_c: reading(field(FI_MEMORY_TEMP, 0).map(|v| v as u32))?,
             power_usage_mw: reading(dev.power_usage().map_err(m("power usage")))?,
             total_energy_mj: reading(
                 dev.total_energy_consumption()
@@ -640,14 +670,15 @@ impl GpuBackend for NvmlBackend {
                     .map_err(m("memory info")),
             )?,
             nvlink_total_kib: reading(nvlink)?,
-            remapped_rows: reading(raw::remapped_rows(n, h, gpu).map(|(c, u, p, f)| {
-                RemappedRows {
+            // SAFETY: `h` is the handle of `dev`, alive across the call.
+            remapped_rows: reading(unsafe { raw::remapped_rows(n, h, gpu) }.map(
+                |(c, u, p, f)| RemappedRows {
                     correctable: c,
                     uncorrectable: u,
                     pending: p,
                     failed: f,
-                }
-            }))?,
+                },
+            ))?,
             pcie_tx_kib_per_s: reading(
                 dev.pcie_throughput(PcieUtilCounter::Send)
                     .map_err(m("PCIe TX throughput")),
@@ -728,7 +759,7 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError> {
-        let set = raw::event_set_create(&self.nvml)?;
+        let set = raw::EventSet::create(Arc::clone(&self.nvml))?;
         let count = self.device_count()?;
         let mut uuids = HashMap::new();
         for gpu in 0..count {
@@ -739,15 +770,14 @@ impl GpuBackend for NvmlBackend {
                     continue;
                 }
             };
-            match raw::register_xid(&self.nvml, Self::handle(&dev), gpu, &set) {
+            // SAFETY: `dev` is a live device handle of the set's own `Nvml`.
+            match unsafe { set.register_xid(Self::handle(&dev), gpu) } {
                 Ok(()) => {}
                 Err(BackendError::NotSupported { .. }) => {
                     tracing::info!(gpu, "GPU does not report Xid events");
                 }
-                Err(e) => {
-                    raw::event_set_free(&self.nvml, &set);
-                    return Err(e);
-                }
+                // The set is freed when it is dropped here.
+                Err(e) => return Err(e),
             }
             if let Ok(u) = dev.uuid() {
                 uuids.insert(gpu, u);
@@ -768,16 +798,11 @@ impl GpuBackend for NvmlBackend {
 /// A subscription to Xid events of every GPU.
 struct NvmlEvents {
     backend: NvmlBackend,
+    /// Freed when the subscription is dropped.
     set: raw::EventSet,
     uuids: HashMap<u32, String>,
     /// A GPU-lost event that follows an Xid 79.
     queued: Option<HealthEvent>,
-}
-
-impl Drop for NvmlEvents {
-    fn drop(&mut self) {
-        raw::event_set_free(&self.backend.nvml, &self.set);
-    }
 }
 
 /// Xid 79: "GPU has fallen off the bus".
@@ -789,10 +814,12 @@ impl HealthEvents for NvmlEvents {
             return Ok(Some(e));
         }
         let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
-        let Some(ev) = raw::event_wait(&self.backend.nvml, &self.set, ms)? else {
+        let Some(ev) = self.set.wait(ms)? else {
             return Ok(None);
         };
-        let gpu = raw::device_index(&self.backend.nvml, ev.device)?;
+        // SAFETY: NVML reported `ev.device` for a device registered with the set,
+        // whose `Nvml` (the backend's) is alive.
+        let gpu = unsafe { raw::device_index(&self.backend.nvml, ev.device)? };
         let uuid = self.uuids.get(&gpu).cloned().unwrap_or_default();
         let id = |v: u32| (v != u32::MAX).then_some(v);
         let event = HealthEvent {
