@@ -3,11 +3,11 @@
 //! removing status files under the validations directory, and waiting.
 //!
 //! The decisions are in [`gpu_stack_core::operator::validation`]. A status
-//! file is written atomically (temporary file in the same directory, then
-//! rename), so an init container polling for it never reads half a file; a
+//! file is written atomically (through [`gpu_stack_nvml::fsutil::write_atomic`]:
+//! temporary file in the same directory, fsync, rename, fsync of the
+//! directory), so an init container polling for it never reads half a file; a
 //! failed check writes nothing and removes a stale file of the same name.
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +18,7 @@ use gpu_stack_core::operator::validation::{
     ValidationComponent, ValidationError, check_cuda, check_driver, check_plugin, check_toolkit,
     missing_ready_files,
 };
+use gpu_stack_nvml::fsutil::{AtomicWriteError, write_atomic};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
@@ -280,30 +281,38 @@ pub async fn plugin_evidence(
     })
 }
 
-/// Writes a status file atomically (temporary file, fsync, rename); returns its path.
+/// Writes a status file atomically (temporary file, fsync, rename, fsync of
+/// the directory), creating `dir` if needed; returns its path. A failed write
+/// leaves no temporary file and is [`ValidatorError::Io`]: `write` of the
+/// temporary file, or `rename into` the status file. When only the final
+/// fsync of the directory fails, the file is in place and visible, so that is
+/// logged, not returned.
 pub fn write_ready(dir: &Path, file: &ReadyFile) -> Result<PathBuf, ValidatorError> {
-    let io = |action, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ValidatorError::Io {
-            action,
-            path,
-            source,
-        }
-    };
-    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+    std::fs::create_dir_all(dir).map_err(|source| ValidatorError::Io {
+        action: "create",
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let target = dir.join(file.name);
-    let tmp = dir.join(format!(".{}.tmp-{}", file.name, std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(file.content.as_bytes())?;
-        f.sync_all()
-    });
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io("write", &tmp)(e));
-    }
-    if let Err(e) = std::fs::rename(&tmp, &target) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io("rename into", &target)(e));
+    match write_atomic(&target, file.content.as_bytes()) {
+        Ok(()) => {}
+        Err(AtomicWriteError::NotWritten {
+            step, path, source, ..
+        }) => {
+            let (action, path) = if step.starts_with("rename") {
+                ("rename into", target)
+            } else {
+                ("write", PathBuf::from(path))
+            };
+            return Err(ValidatorError::Io {
+                action,
+                path,
+                source,
+            });
+        }
+        Err(e @ AtomicWriteError::NotDurable { .. }) => {
+            tracing::warn!(error = %e, "status file written, but not yet durable");
+        }
     }
     Ok(target)
 }
@@ -658,6 +667,35 @@ mod tests {
         );
         assert!(remove_ready(&sub, "toolkit-ready").unwrap());
         assert!(!remove_ready(&sub, "toolkit-ready").unwrap());
+    }
+
+    #[test]
+    fn a_failed_write_names_the_status_file_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        // A non-empty directory where the status file goes: the rename fails.
+        let target = dir.path().join("toolkit-ready");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::write(target.join("inside"), "x").unwrap();
+        let file = ReadyFile {
+            name: "toolkit-ready",
+            content: "X=1\n".into(),
+        };
+        let err = write_ready(dir.path(), &file).unwrap_err();
+        assert!(
+            matches!(&err, ValidatorError::Io { action: "rename into", path, .. } if *path == target),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("cannot rename into") && msg.contains("read-write"),
+            "{msg}"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("toolkit-ready")]);
     }
 
     #[tokio::test]

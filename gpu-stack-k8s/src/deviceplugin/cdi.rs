@@ -1,11 +1,12 @@
 //! Writing the node's CDI spec where container runtimes read it, atomically
-//! (temporary file in the same directory, then rename), and finding the host
-//! files the spec mounts.
+//! (through [`gpu_stack_nvml::fsutil::write_atomic`]: temporary file in the
+//! same directory, fsync, rename, fsync of the directory), and finding the
+//! host files the spec mounts.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use gpu_stack_core::cdi::{HostFiles, Spec, to_json};
+use gpu_stack_nvml::fsutil::{AtomicWriteError, write_atomic};
 
 /// Directory container runtimes read dynamic CDI specs from.
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
@@ -30,30 +31,30 @@ pub enum CdiError {
     Render(String),
 }
 
-/// Writes `spec` to `<dir>/nvidia-gpu-stack.json` atomically; returns the path.
-/// An unchanged spec is not rewritten.
+/// Writes `spec` to `<dir>/nvidia-gpu-stack.json` atomically (creating `dir`
+/// if needed); returns the path. An unchanged spec is not rewritten. A failed
+/// write leaves the old spec (and no temporary file) in place; when only the
+/// final fsync of the directory fails, the new spec is in place and readable,
+/// so that is logged, not returned.
 pub fn write_spec(dir: &Path, spec: &Spec) -> Result<PathBuf, CdiError> {
     let path = dir.join(SPEC_FILE);
-    let io = |source| CdiError::Io {
-        path: path.clone(),
-        source,
-    };
     let text = to_json(spec).map_err(|e| CdiError::Render(e.to_string()))?;
     if std::fs::read_to_string(&path).is_ok_and(|cur| cur == text) {
         return Ok(path);
     }
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let tmp = dir.join(format!(".{SPEC_FILE}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    std::fs::create_dir_all(dir).map_err(|source| CdiError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    match write_atomic(&path, text.as_bytes()) {
+        Ok(()) => {}
+        Err(AtomicWriteError::NotWritten { source, .. }) => {
+            return Err(CdiError::Io { path, source });
+        }
+        Err(e @ AtomicWriteError::NotDurable { .. }) => {
+            tracing::warn!(error = %e, "CDI spec written, but not yet durable");
+        }
     }
-    result.map_err(io)?;
     Ok(path)
 }
 
@@ -194,6 +195,68 @@ mod tests {
             .map(|e| e.file_name())
             .collect();
         assert_eq!(names.len(), 1, "no temporary file left behind");
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn one_gpu_spec(uuid: &str) -> Spec {
+        let node = NodeGpus {
+            gpus: vec![Gpu {
+                uuid: uuid.into(),
+                ..Gpu::default()
+            }],
+            ..NodeGpus::default()
+        };
+        node_spec(&node, &HostFiles::default())
+    }
+
+    #[test]
+    fn an_unchanged_spec_is_not_rewritten_and_a_changed_one_is() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_spec(dir.path(), &one_gpu_spec("GPU-0")).unwrap();
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        // The same spec again: the file is left alone (a rewrite renames a new
+        // inode into place).
+        assert_eq!(
+            write_spec(dir.path(), &one_gpu_spec("GPU-0")).unwrap(),
+            path
+        );
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), ino);
+        // A different spec replaces it.
+        write_spec(dir.path(), &one_gpu_spec("GPU-1")).unwrap();
+        assert_ne!(std::fs::metadata(&path).unwrap().ino(), ino);
+        assert!(std::fs::read_to_string(&path).unwrap().contains("GPU-1"));
+        assert_eq!(names_in(dir.path()), vec![SPEC_FILE.to_string()]);
+    }
+
+    #[test]
+    fn a_failed_write_is_an_io_error_naming_the_spec_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A non-empty directory where the spec goes: the rename over it fails.
+        let path = dir.path().join(SPEC_FILE);
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("inside"), "old").unwrap();
+        let err = write_spec(dir.path(), &one_gpu_spec("GPU-0")).unwrap_err();
+        assert!(
+            matches!(&err, CdiError::Io { path: p, .. } if *p == path),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&path.display().to_string()) && msg.contains("--cdi-spec-dir"),
+            "{msg}"
+        );
+        assert_eq!(names_in(dir.path()), vec![SPEC_FILE.to_string()]);
+        assert_eq!(std::fs::read_to_string(path.join("inside")).unwrap(), "old");
     }
 
     #[test]
