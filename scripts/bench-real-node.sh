@@ -2,6 +2,8 @@
 # Figures of the stack on the real test node (whole processes, wall clock):
 #   - real node start (namespaces, containerd, images imported, kubelet) -> Node Ready
 #   - helm install -> ClusterPolicy ready with the node's GPUs allocatable
+#   - the toolkit agent: start -> containerd configured for CDI, and its restarts
+#     (once on install; none when it runs again on a node already configured)
 #   - a node joining the cluster -> a GPU pod Running on it (images present)
 #   - kubelet restart -> the device plugin registered again
 #   - RSS (VmRSS, VmHWM) of every operand process on the node
@@ -66,6 +68,13 @@ t0=$(now)
   --namespace gpu-operator --create-namespace --values tests/real-node/values.yaml >/dev/null
 wait_until 300 "the ClusterPolicy to be ready" policy_ready
 echo "figure: helm install -> GPU node labelled, ClusterPolicy ready, GPUs allocatable: $(elapsed "$t0" "$(now)") s"
+# The toolkit agent logs how long it took and how many runtime restarts it made.
+toolkit_logs() { cat "$node_dir"/root/var/log/pods/gpu-operator_nvidia-container-toolkit-daemonset-*/nvidia-container-toolkit/*.log 2>/dev/null; }
+toolkit_figure() {
+  toolkit_logs | grep -E "container runtime (configured|already configured)" | tail -1 |
+    sed -E 's/.*took_ms=([0-9]+).*/\1/; t; s/.*/?/' | tr -d '\n'
+}
+echo "figure: toolkit agent start -> containerd configured for CDI: $(toolkit_figure) ms, restarts: $(toolkit_logs | grep -o 'restarts=[0-9]*' | tail -1 | cut -d= -f2)"
 
 # A node joins: as after a reboot, its kubelet and every container are gone,
 # and so is its Node object (and with it its pods); then the kubelet starts
@@ -85,6 +94,7 @@ t0=$(now)
 wait_until 300 "a GPU pod on the joined node" pod_running join-probe
 echo "figure: node joins -> GPU pod Running: $(elapsed "$t0" "$(now)") s"
 wait_until 300 "the ClusterPolicy to be ready again" policy_ready
+echo "figure: toolkit agent on the rejoined node (nothing changed): $(toolkit_figure) ms, $(toolkit_logs | grep -c 'already configured') run(s) with no write and no restart"
 
 # Kubelet restart -> re-registration, from the new kubelet.sock to the
 # plugin's "registered" log line (both stamped by this machine's clock).

@@ -337,6 +337,22 @@ fn restart_node_process(dir: &Path, name: &str) -> Result<()> {
         .parent()
         .context("node directory without a parent")?
         .join("pids");
+    // A supervised process (containerd) is started again by its supervisor,
+    // as systemd would: stop it and wait for the new one.
+    let main_pid = pids.join(format!("{name}.main.pid"));
+    if main_pid.exists() {
+        let old = std::fs::read_to_string(&main_pid)?.trim().to_string();
+        let status = Command::new("kill").arg(&old).status()?;
+        ensure!(status.success(), "kill {old} ({name}) failed");
+        for _ in 0..200 {
+            let now = std::fs::read_to_string(&main_pid)?.trim().to_string();
+            if now != old && Path::new(&format!("/proc/{now}")).exists() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("{name} was not started again after kill {old}");
+    }
     let pid_file = pids.join(format!("{name}.pid"));
     let pid: i32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
     let status = Command::new("kill").arg(pid.to_string()).status()?;
@@ -357,6 +373,58 @@ fn restart_node_process(dir: &Path, name: &str) -> Result<()> {
         .with_context(|| format!("restarting {name}"))?;
     std::fs::write(&pid_file, format!("{}\n", child.id()))?;
     Ok(())
+}
+
+/// containerd's config inside the node (the toolkit agent edits it).
+const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
+/// The drop-in gpu-stack's toolkit agent writes there.
+const CONTAINERD_DROP_IN: &str = "/etc/containerd/conf.d/99-gpu-stack.toml";
+
+/// How many times the node's containerd has started (its log says so at
+/// each boot): restarts are counted, not timed.
+fn containerd_boots(dir: &Path) -> Result<usize> {
+    let log = dir
+        .parent()
+        .context("node directory without a parent")?
+        .join("logs/containerd.log");
+    let text =
+        std::fs::read_to_string(&log).with_context(|| format!("reading {}", log.display()))?;
+    Ok(text.matches("containerd successfully booted").count())
+}
+
+/// `containerd config dump` of the node's containerd (what it reads:
+/// the main config merged with its imports).
+fn containerd_config_dump(dir: &Path) -> Result<String> {
+    let ns = dir.join("ns/mnt");
+    let pid_file = dir
+        .parent()
+        .context("node directory without a parent")?
+        .join("pids/containerd.main.pid");
+    let pid = std::fs::read_to_string(&pid_file)?;
+    let binary = std::fs::read_link(format!("/proc/{}/exe", pid.trim()))
+        .context("locating the node's containerd binary")?;
+    let out = Command::new("nsenter")
+        .arg(format!("--mount={}", ns.display()))
+        .arg("--")
+        .arg(binary)
+        .args(["--config", CONTAINERD_CONFIG, "config", "dump"])
+        .output()
+        .context("running containerd config dump in the node")?;
+    ensure!(
+        out.status.success(),
+        "containerd config dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The toolkit agent's pod log (the current container's), from the node.
+fn toolkit_log(dir: &Path) -> String {
+    pod_log_tails(dir, 400)
+        .lines()
+        .filter(|l| l.contains("container runtime") || l.contains("toolkit"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Changes the device plugin's DEVICE_LIST_STRATEGY in the ClusterPolicy,
@@ -447,6 +515,31 @@ async fn the_stack_on_a_real_node() -> Result<()> {
 }
 
 async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result<()> {
+    // GPUs as the node came: an earlier run leaves its MIG layout (as on a
+    // real node, uninstall keeps it), which the MIG manager would apply again.
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            NODE_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "nvidia.com/mig.config": null, "nvidia.com/mig.config.state": null,
+            }}})),
+        )
+        .await?;
+    match std::fs::remove_file(on_node(dir, SIM_STATE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
+
+    // The user's containerd config, which uninstall must give back byte for byte.
+    let original_config = std::fs::read_to_string(on_node(dir, CONTAINERD_CONFIG))?;
+    ensure!(
+        !original_config.contains("enable_cdi") && !original_config.contains("imports"),
+        "the node's containerd config must start without CDI: {original_config}"
+    );
+    let boots_before = containerd_boots(dir)?;
+
     // 1. helm install: the operator runs as the chart's Deployment.
     let values = repo_root().join("tests/real-node/values.yaml");
     let chart = repo_root().join("deploy/helm/gpu-stack");
@@ -478,7 +571,6 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     );
 
     // 2. Found as a GPU node without NFD, labelled by the operator.
-    let nodes: Api<Node> = Api::all(client.clone());
     wait_for(
         "node discovery and the operator to label the node",
         ROLLOUT,
@@ -531,12 +623,11 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         .map(|d| d.name_any())
         .collect();
     ensure!(
-        !names
-            .iter()
-            .any(|n| n.contains("driver") || n.contains("toolkit")),
-        "a pre-installed driver and a CDI-native runtime get no driver or toolkit DaemonSet: {names:?}"
+        !names.iter().any(|n| n.contains("driver")),
+        "a pre-installed driver gets no driver DaemonSet: {names:?}"
     );
     for expected in [
+        "nvidia-container-toolkit-daemonset",
         "nvidia-device-plugin-daemonset",
         "gpu-feature-discovery",
         "nvidia-dcgm-exporter",
@@ -555,6 +646,69 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         node_label(&node, "nvidia.com/gpu.product").is_some_and(|p| p.contains("H100")),
         "GFD did not label the product: {:?}",
         node.labels()
+    );
+
+    // 3b. gpu-stack's toolkit agent configured the node's real containerd:
+    // CDI on with the spec directory, the `nvidia` handler as plain runc, one
+    // restart; no nvidia-container-runtime anywhere.
+    let dump = containerd_config_dump(dir)?;
+    ensure!(
+        dump.contains("enable_cdi = true") && dump.contains("/var/run/cdi"),
+        "containerd does not read CDI specs after the toolkit agent ran:\n{dump}"
+    );
+    ensure!(
+        dump.contains("runtimes.nvidia]") && !dump.contains("nvidia-container-runtime"),
+        "the nvidia handler is missing or is a runtime shim:\n{dump}"
+    );
+    let edited = std::fs::read_to_string(on_node(dir, CONTAINERD_CONFIG))?;
+    ensure!(
+        edited.contains(CONTAINERD_DROP_IN) && on_node(dir, CONTAINERD_DROP_IN).is_file(),
+        "the main config does not import the agent's drop-in:\n{edited}"
+    );
+    let boots_configured = containerd_boots(dir)?;
+    ensure!(
+        boots_configured == boots_before + 1,
+        "configuring restarted containerd {} times (expected once)\n{}",
+        boots_configured - boots_before,
+        toolkit_log(dir)
+    );
+    eprintln!(
+        "figure: containerd restarts to configure CDI: {}",
+        boots_configured - boots_before
+    );
+    // A second run (the agent's pod replaced) changes nothing, restarts nothing.
+    let toolkit_pods = ListParams::default().labels("app=nvidia-container-toolkit-daemonset");
+    let first = pods.list(&toolkit_pods).await?;
+    let first_uid = first.items.first().and_then(|p| p.metadata.uid.clone());
+    for p in &first.items {
+        pods.delete(&p.name_any(), &Default::default()).await?;
+    }
+    wait_for("the toolkit agent's new pod to run", STEP, || {
+        let (pods, toolkit_pods, first_uid) =
+            (pods.clone(), toolkit_pods.clone(), first_uid.clone());
+        async move {
+            let now = pods.list(&toolkit_pods).await?.items;
+            Ok(now
+                .iter()
+                .any(|p| p.metadata.uid != first_uid && phase(p) == "Running")
+                .then_some(()))
+        }
+    })
+    .await?;
+    wait_for("the new agent to check the runtime", STEP, || async {
+        Ok(toolkit_log(dir)
+            .contains("already configured")
+            .then_some(()))
+    })
+    .await?;
+    ensure!(
+        containerd_boots(dir)? == boots_configured,
+        "a second run of the toolkit agent restarted containerd\n{}",
+        toolkit_log(dir)
+    );
+    ensure!(
+        std::fs::read_to_string(on_node(dir, CONTAINERD_CONFIG))? == edited,
+        "a second run of the toolkit agent changed the config"
     );
 
     // 4. A workload gets exactly one GPU: with `cdi-cri`, containerd injects
@@ -815,6 +969,7 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
 
     // 8. helm uninstall: everything the stack made is gone, and the labels
     // the operator, GFD and node discovery wrote (the MIG layout's stay).
+    let boots_before_uninstall = containerd_boots(dir)?;
     uninstall(cluster)?;
     wait_for(
         "the operands and the node labels to go",
@@ -827,6 +982,34 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         },
     )
     .await?;
+    // The toolkit left with the policy: containerd restarted once onto the
+    // user's config, back byte for byte, and the drop-in is gone.
+    wait_for(
+        "containerd to restart onto the restored config",
+        STEP,
+        || async {
+            Ok((containerd_boots(dir).unwrap_or(0) > boots_before_uninstall).then_some(()))
+        },
+    )
+    .await?;
+    let restored = std::fs::read_to_string(on_node(dir, CONTAINERD_CONFIG))?;
+    ensure!(
+        restored == original_config,
+        "uninstall did not restore the containerd config:\n--- before install ---\n{original_config}\n--- now ---\n{restored}"
+    );
+    ensure!(
+        !on_node(dir, CONTAINERD_DROP_IN).exists(),
+        "uninstall left the toolkit's drop-in"
+    );
+    let dump = containerd_config_dump(dir)?;
+    ensure!(
+        !dump.contains("enable_cdi = true"),
+        "containerd still reads CDI specs after uninstall"
+    );
+    ensure!(
+        containerd_boots(dir)? == boots_before_uninstall + 1,
+        "removing the toolkit restarted containerd more than once"
+    );
     Ok(())
 }
 
@@ -894,6 +1077,8 @@ async fn bad_input(cluster: &TestCluster, client: &Client) -> Result<()> {
     let values = repo_root().join("tests/real-node/values.yaml");
     let chart = repo_root().join("deploy/helm/gpu-stack");
     let (chart, values) = (chart.display().to_string(), values.display().to_string());
+    // The toolkit stays on: without its agent the node's containerd has no
+    // `nvidia` handler, so no operand pod would get as far as pulling.
     let base = [
         "install",
         RELEASE,
