@@ -12,7 +12,9 @@ use clap::Parser;
 use gpu_stack_bins::agent::{LogFormat, init_logging, kube_client, run_main, shutdown_signal};
 use gpu_stack_bins::backend_flags::BackendArgs;
 use gpu_stack_k8s::migmanager::ManagerOptions;
-use gpu_stack_k8s::migmanager::agent::{AgentOptions, load_config, run};
+use gpu_stack_k8s::migmanager::agent::{
+    AgentOptions, DEFAULT_REBOOT_HOOK_TIMEOUT, load_config, run,
+};
 
 /// gpu-mig-manager: applies mig-parted configs selected by node label.
 #[derive(Parser, Debug)]
@@ -50,6 +52,9 @@ struct Args {
     /// (NODE_NAME and MIG_CONFIG are set).
     #[arg(long, value_name = "CMD", env = "REBOOT_HOOK")]
     reboot_hook: Option<String>,
+    /// Longest the reboot hook may run before it is killed and reported, in seconds.
+    #[arg(long, default_value_t = DEFAULT_REBOOT_HOOK_TIMEOUT.as_secs())]
+    reboot_hook_timeout_seconds: u64,
     /// Destroy MIG instances even when processes run on them.
     #[arg(long)]
     force: bool,
@@ -93,6 +98,7 @@ async fn manage(args: Args) -> Result<()> {
         config_poll: Duration::from_millis(args.config_poll_ms.max(10)),
         retry: Duration::from_secs(args.retry_seconds.max(1)),
         reboot_hook: args.reboot_hook,
+        reboot_hook_timeout: Duration::from_secs(args.reboot_hook_timeout_seconds.max(1)),
         instance: args.pod_name,
     };
     run(client, backend, options, shutdown_signal())

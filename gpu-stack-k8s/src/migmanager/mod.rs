@@ -8,6 +8,12 @@
 //! deploy labels restored) or `rebooting` (a MIG mode change waits for a reset;
 //! the next pass after the reboot resumes). The pause record lives on the node,
 //! so a pass killed at any point is finished by the next one.
+//!
+//! The GPU side of a pass (reading and planning the GPUs, applying) is
+//! synchronous backend work that can take minutes. [`reconcile_on`] runs it on
+//! tokio's blocking threads through a [`GpuWorker`], so the manager's loop
+//! keeps answering signals and watch events meanwhile; [`reconcile`] runs it
+//! on the calling thread, for callers without such a loop (tests, the demo).
 
 pub mod agent;
 pub mod kube_node;
@@ -15,6 +21,7 @@ pub mod kube_node;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_stack_core::backend::GpuBackend;
@@ -24,7 +31,10 @@ use gpu_stack_core::migmanager::{
     MigConfigState, PAUSE_RECORD_ANNOTATION, PauseRecord, plan_pause, plan_restore,
 };
 use gpu_stack_core::migparted::MigPartedConfig;
-use gpu_stack_nvml::migapply::{self, ApplyOptions, ApplyOutcome, ProcessProbe};
+use gpu_stack_nvml::migapply::{
+    self, ApplyError, ApplyOptions, ApplyOutcome, ApplyReport, NodePlan, ProcessProbe,
+};
+use tokio::sync::Semaphore;
 
 /// A node as the manager sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -102,13 +112,196 @@ pub enum PassResult {
     State(MigConfigState, Option<String>),
 }
 
-/// One pass: read the node and the GPUs, converge, report.
+/// Why the GPU side of a pass did not complete.
+#[derive(Debug, thiserror::Error)]
+enum GpuWorkError {
+    /// Reading, planning or applying failed (the reason names what to do).
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// The blocking task ended without an answer (it panicked).
+    #[error(
+        "the GPU work ended without an answer ({detail}); the next pass reads the GPUs again \
+         and resumes from what they hold"
+    )]
+    Lost {
+        /// What the runtime said.
+        detail: String,
+    },
+}
+
+/// The GPU side of a pass: reading and planning the GPUs, and applying.
+trait PassGpu {
+    /// Reads the GPUs and plans `selected`; changes nothing.
+    async fn plan(
+        &self,
+        config: &MigPartedConfig,
+        selected: &str,
+    ) -> Result<NodePlan, GpuWorkError>;
+    /// Applies `selected`.
+    async fn apply(
+        &self,
+        config: &MigPartedConfig,
+        selected: &str,
+        options: ApplyOptions,
+    ) -> Result<ApplyReport, GpuWorkError>;
+}
+
+/// GPU work on the calling thread.
+struct Inline<'a> {
+    backend: &'a dyn GpuBackend,
+    probe: &'a dyn ProcessProbe,
+}
+
+impl PassGpu for Inline<'_> {
+    async fn plan(
+        &self,
+        config: &MigPartedConfig,
+        selected: &str,
+    ) -> Result<NodePlan, GpuWorkError> {
+        Ok(migapply::plan_node(
+            self.backend,
+            config,
+            selected,
+            self.probe,
+        )?)
+    }
+
+    async fn apply(
+        &self,
+        config: &MigPartedConfig,
+        selected: &str,
+        options: ApplyOptions,
+    ) -> Result<ApplyReport, GpuWorkError> {
+        Ok(migapply::apply(
+            self.backend,
+            config,
+            selected,
+            options,
+            self.probe,
+            &mut |_| {},
+        )?)
+    }
+}
+
+/// Runs a pass's GPU work (synchronous backend calls) on tokio's blocking
+/// threads, one piece at a time, and says whether some is in flight.
+///
+/// A blocking backend call cannot be cancelled; a caller that stops while one
+/// runs waits for [`GpuWorker::idle`] so the change is never cut off half
+/// way by the process exiting.
+#[derive(Clone)]
+pub struct GpuWorker {
+    backend: Arc<dyn GpuBackend>,
+    probe: Arc<dyn ProcessProbe + Send + Sync>,
+    /// One permit, held by the blocking task while it runs.
+    in_flight: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for GpuWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuWorker")
+            .field("backend", &self.backend.name())
+            .field("busy", &self.busy())
+            .finish()
+    }
+}
+
+impl GpuWorker {
+    /// A worker over `backend`, with `probe` adding processes the driver
+    /// cannot see.
+    pub fn new(backend: Arc<dyn GpuBackend>, probe: Arc<dyn ProcessProbe + Send + Sync>) -> Self {
+        Self {
+            backend,
+            probe,
+            in_flight: Arc::new(Semaphore::new(1)),
+        }
+    }
+
+    /// Whether GPU work is running now.
+    pub fn busy(&self) -> bool {
+        self.in_flight.available_permits() == 0
+    }
+
+    /// Resolves once no GPU work is running (at once when none is).
+    pub async fn idle(&self) {
+        // The semaphore is never closed, so an error cannot happen; either
+        // way there is nothing left to wait for.
+        let _ = self.in_flight.acquire().await;
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&dyn GpuBackend, &dyn ProcessProbe) -> Result<T, ApplyError> + Send + 'static,
+    ) -> Result<T, GpuWorkError> {
+        let lost = |detail: String| GpuWorkError::Lost { detail };
+        let permit = Arc::clone(&self.in_flight)
+            .acquire_owned()
+            .await
+            .map_err(|e| lost(e.to_string()))?;
+        let (backend, probe) = (Arc::clone(&self.backend), Arc::clone(&self.probe));
+        // The permit moves into the task: it is released when the backend
+        // work returns, even if this future is dropped before then.
+        let task = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            work(backend.as_ref(), probe.as_ref())
+        });
+        Ok(task.await.map_err(|e| lost(e.to_string()))??)
+    }
+}
+
+impl PassGpu for GpuWorker {
+    async fn plan(
+        &self,
+        config: &MigPartedConfig,
+        selected: &str,
+    ) -> Result<NodePlan, GpuWorkError> {
+        let (config, selected) = (config.clone(), selected.to_string());
+        self.run(move |backend, probe| migapply::plan_node(backend, &config, &selected, probe))
+            .await
+    }
+
+    async fn apply(
+        &self,
+        config: &MigPartedConfig,
+        selected: &str,
+        options: ApplyOptions,
+    ) -> Result<ApplyReport, GpuWorkError> {
+        let (config, selected) = (config.clone(), selected.to_string());
+        self.run(move |backend, probe| {
+            migapply::apply(backend, &config, &selected, options, probe, &mut |_| {})
+        })
+        .await
+    }
+}
+
+/// One pass: read the node and the GPUs, converge, report. The GPU calls run
+/// on the calling thread; a long-running loop uses [`reconcile_on`].
 pub async fn reconcile<A: NodeApi>(
     api: &A,
     backend: &dyn GpuBackend,
     config: &MigPartedConfig,
     opts: &ManagerOptions,
     probe: &dyn ProcessProbe,
+) -> Result<PassResult, ManagerError> {
+    reconcile_with(api, &Inline { backend, probe }, config, opts).await
+}
+
+/// One pass, as [`reconcile`], with the GPU calls on `gpu`'s blocking
+/// threads so the caller's other tasks keep running during an apply.
+pub async fn reconcile_on<A: NodeApi>(
+    api: &A,
+    gpu: &GpuWorker,
+    config: &MigPartedConfig,
+    opts: &ManagerOptions,
+) -> Result<PassResult, ManagerError> {
+    reconcile_with(api, gpu, config, opts).await
+}
+
+async fn reconcile_with<A: NodeApi, G: PassGpu>(
+    api: &A,
+    gpu: &G,
+    config: &MigPartedConfig,
+    opts: &ManagerOptions,
 ) -> Result<PassResult, ManagerError> {
     let node = api.get(&opts.node).await?;
     let Some(selected) = node.labels.get(MIG_CONFIG_LABEL).cloned() else {
@@ -123,7 +316,7 @@ pub async fn reconcile<A: NodeApi>(
         .get(PAUSE_RECORD_ANNOTATION)
         .and_then(|a| PauseRecord::from_annotation(a).ok());
 
-    let plan = match migapply::plan_node(backend, config, &selected, probe) {
+    let plan = match gpu.plan(config, &selected).await {
         Ok(p) => p,
         Err(e) => return finish(api, opts, record.as_ref(), Some(e.to_string())).await,
     };
@@ -190,7 +383,7 @@ pub async fn reconcile<A: NodeApi>(
         reset_gpus: opts.reset_gpus,
         mode_only: false,
     };
-    match migapply::apply(backend, config, &selected, options, probe, &mut |_| {}) {
+    match gpu.apply(config, &selected, options).await {
         Ok(report) => match report.outcome {
             ApplyOutcome::Converged => {
                 signal(opts);
