@@ -156,7 +156,7 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 }
 
 /// The API access a component needs (empty for components that need none).
-pub fn rbac_rules(c: Component) -> Vec<PolicyRule> {
+pub fn rbac_rules(spec: &ClusterPolicySpec, c: Component) -> Vec<PolicyRule> {
     match c {
         Component::Driver => vec![
             rule(
@@ -198,18 +198,18 @@ pub fn rbac_rules(c: Component) -> Vec<PolicyRule> {
         ],
         // gpu-stack's agent watches its Node and its DaemonSet to tell a
         // removal from a restart at SIGTERM (NVIDIA's needs none).
-        Component::ContainerToolkit => vec![
+        Component::ContainerToolkit if spec.toolkit_is_gpu_stack() => vec![
             rule(&[""], &["nodes"], &["get", "list", "watch"]),
             rule(&[""], &["pods"], &["get"]),
             rule(&["apps"], &["daemonsets"], &["get", "list", "watch"]),
         ],
-        Component::NodeStatusExporter => Vec::new(),
+        Component::ContainerToolkit | Component::NodeStatusExporter => Vec::new(),
     }
 }
 
 /// ClusterRole and binding of a component, if it needs API access.
 pub fn rbac(ctx: &RenderContext, c: Component) -> Vec<Object> {
-    let rules = rbac_rules(c);
+    let rules = rbac_rules(ctx.spec(), c);
     if rules.is_empty() {
         return Vec::new();
     }

@@ -459,7 +459,7 @@ fn a_gpu_stack_toolkit_image_runs_the_cdi_native_agent() {
         "{args:?}"
     );
     // The agent's role lets it tell a removal from a restart.
-    let rules = render::rbac_rules(Component::ContainerToolkit);
+    let rules = render::rbac_rules(&policy.spec, Component::ContainerToolkit);
     assert!(
         rules
             .iter()
@@ -485,4 +485,8 @@ fn nvidias_toolkit_image_keeps_nvidias_toolkit_contract() {
     assert_eq!(main.args, None);
     let env: Vec<&str> = main.env.iter().flatten().map(|e| e.name.as_str()).collect();
     assert!(env.contains(&"TOOLKIT_INSTALL_DIR") && env.contains(&"CDI_ENABLED"));
+    assert!(
+        render::rbac_rules(&policy.spec, Component::ContainerToolkit).is_empty(),
+        "NVIDIA's toolkit needs no API access"
+    );
 }
