@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use gpu_stack_core::backend::{BackendError, GpuBackend};
+use gpu_stack_core::backend::GpuBackend;
 use gpu_stack_core::deviceplugin::{NodeGpus, Overrides, Settings, node_resources};
 use gpu_stack_core::fleet::Fleet;
 use gpu_stack_core::gfd::{self, GfdContext};
@@ -36,6 +36,7 @@ use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
 
+use super::DemoError;
 use crate::cluster::selector::pod_fits_node;
 use crate::cluster::{ClusterError, InMemoryCluster, Object};
 use crate::clusterpolicy::ClusterPolicy;
@@ -50,50 +51,6 @@ pub const SIM_TIME_MS: u64 = 60_000;
 
 /// Resource-name prefix the device plugin owns in a Node's capacity.
 const RESOURCE_PREFIX: &str = "nvidia.com/";
-
-/// Failures of the demo's agents pass.
-#[derive(Debug, thiserror::Error)]
-pub enum DemoError {
-    /// A fleet node could not be simulated.
-    #[error(
-        "cannot simulate the GPUs of fleet node {node}: {detail}; fix its entry in the fleet file"
-    )]
-    Simulation {
-        /// Fleet node.
-        node: String,
-        /// What is wrong.
-        detail: String,
-    },
-    /// The simulated GPUs could not be read.
-    #[error("reading the simulated GPUs of node {node}: {source}")]
-    Backend {
-        /// Node.
-        node: String,
-        /// Backend failure.
-        #[source]
-        source: BackendError,
-    },
-    /// The ClusterPolicy's settings are not usable by the agents.
-    #[error("the ClusterPolicy's agent settings are invalid: {0}; fix spec.mig.strategy")]
-    Settings(String),
-    /// The MIG manager's config could not be loaded.
-    #[error("the mig-parted config could not be loaded: {0}")]
-    MigConfig(String),
-    /// A node write failed.
-    #[error(transparent)]
-    Cluster(#[from] ClusterError),
-    /// The MIG manager's pass could not talk to the cluster.
-    #[error(transparent)]
-    Manager(#[from] ManagerError),
-    /// The device plugin refused the node's GPU layout.
-    #[error("device plugin on node {node}: {detail}")]
-    Resources {
-        /// Node.
-        node: String,
-        /// Why.
-        detail: String,
-    },
-}
 
 /// One GPU node of the demo and its simulated GPUs.
 #[derive(Debug, Clone)]
@@ -560,7 +517,7 @@ mod tests {
     use crate::operator::Operator;
     use futures::executor::block_on;
 
-    const MIXED: &str = include_str!("../../examples/fleets/mixed.yaml");
+    const MIXED: &str = include_str!("../../../examples/fleets/mixed.yaml");
 
     /// The mixed fleet after the operator converged and its pods started.
     fn cluster() -> (Operator<InMemoryCluster>, Vec<DemoNode>, AgentSettings) {
