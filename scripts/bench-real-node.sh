@@ -69,7 +69,10 @@ t0=$(now)
 wait_until 300 "the ClusterPolicy to be ready" policy_ready
 echo "figure: helm install -> GPU node labelled, ClusterPolicy ready, GPUs allocatable: $(elapsed "$t0" "$(now)") s"
 # The toolkit agent logs how long it took and how many runtime restarts it made.
-toolkit_logs() { cat "$node_dir"/root/var/log/pods/gpu-operator_nvidia-container-toolkit-daemonset-*/nvidia-container-toolkit/*.log 2>/dev/null; }
+toolkit_logs() {
+  cat "$node_dir"/root/var/log/pods/gpu-operator_nvidia-container-toolkit-daemonset-*/nvidia-container-toolkit/*.log 2>/dev/null |
+    sed -E 's/\x1b\[[0-9;]*m//g'
+}
 toolkit_figure() {
   toolkit_logs | grep -E "container runtime (configured|already configured)" | tail -1 |
     sed -E 's/.*took_ms=([0-9]+).*/\1/; t; s/.*/?/' | tr -d '\n'
