@@ -565,6 +565,24 @@ pub(crate) mod tests {
         }
     }
 
+    /// The agent's settings on a test host root: default paths, the
+    /// `nvidia` handler, no restarts.
+    fn settings(root: &std::path::Path, runtime: RuntimeKind) -> ToolkitConfig {
+        ToolkitConfig {
+            host_root: root.to_path_buf(),
+            runtime,
+            config: None,
+            socket: None,
+            drop_in: None,
+            options: RuntimeOptions {
+                cdi_spec_dirs: vec!["/etc/cdi".into(), "/var/run/cdi".into()],
+                runtime_handler: Some("nvidia".into()),
+            },
+            restart: RestartMode::None,
+            restart_timeout: Duration::from_secs(5),
+        }
+    }
+
     async fn node(main: Option<&str>, effective: &str) -> Node {
         let root = tempfile::tempdir().unwrap();
         let etc = root.path().join("etc/containerd");
@@ -576,19 +594,7 @@ pub(crate) mod tests {
             &root.path().join("run/containerd/containerd.sock"),
             effective,
         );
-        let config = ToolkitConfig {
-            host_root: root.path().to_path_buf(),
-            runtime: RuntimeKind::Containerd,
-            config: None,
-            socket: None,
-            drop_in: None,
-            options: RuntimeOptions {
-                cdi_spec_dirs: vec!["/etc/cdi".into(), "/var/run/cdi".into()],
-                runtime_handler: Some("nvidia".into()),
-            },
-            restart: RestartMode::None,
-            restart_timeout: Duration::from_secs(5),
-        };
+        let config = settings(root.path(), RuntimeKind::Containerd);
         Node {
             root,
             runtime,
@@ -751,19 +757,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn cri_o_gets_only_a_drop_in_with_the_handler() {
         let root = tempfile::tempdir().unwrap();
-        let cfg = ToolkitConfig {
-            host_root: root.path().to_path_buf(),
-            runtime: RuntimeKind::Crio,
-            config: None,
-            socket: None,
-            drop_in: None,
-            options: RuntimeOptions {
-                cdi_spec_dirs: vec!["/etc/cdi".into(), "/var/run/cdi".into()],
-                runtime_handler: Some("nvidia".into()),
-            },
-            restart: RestartMode::None,
-            restart_timeout: Duration::from_secs(5),
-        };
+        let cfg = settings(root.path(), RuntimeKind::Crio);
         let out = cfg.configure().await.unwrap();
         assert_eq!(
             out.changed,

@@ -75,20 +75,22 @@ pub struct PodIdentity {
     pub node: String,
 }
 
+/// Whether the node's deploy label still selects the toolkit.
+fn selects_toolkit(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(DEPLOY_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
 /// Whether the toolkit is being removed from this node: its DaemonSet is gone
 /// or being deleted (ClusterPolicy deleted, toolkit disabled, uninstall), or
 /// the node no longer selects it. A rolling update, an eviction or a reboot
 /// keeps the configuration, so the runtime is not restarted for nothing.
 pub async fn component_removed(client: &Client, who: &PodIdentity) -> Result<bool, kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let node = nodes.get(&who.node).await?;
-    let selected = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(DEPLOY_LABEL))
-        .is_some_and(|v| v == "true");
-    if !selected {
+    if !selects_toolkit(&nodes.get(&who.node).await?) {
         return Ok(true);
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &who.namespace);
@@ -174,13 +176,7 @@ impl RemovalWatch {
             let mut events = std::pin::pin!(watcher::watcher(nodes, config).default_backoff());
             while let Some(event) = events.next().await {
                 if let Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) = event {
-                    let selected = node
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(DEPLOY_LABEL))
-                        .is_some_and(|v| v == "true");
-                    deselected.store(!selected, Ordering::SeqCst);
+                    deselected.store(!selects_toolkit(&node), Ordering::SeqCst);
                 }
             }
         });
