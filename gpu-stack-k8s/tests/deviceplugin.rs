@@ -168,6 +168,22 @@ async fn registers_every_resource_and_lists_devices() {
     };
     assert_eq!(parent(&got[0]), parent(&got[1]));
 
+    // Ids never advertised and must-include lists past the size are refused.
+    let mut bogus = avail.clone();
+    bogus.push("MIG-not-advertised".into());
+    let e = kubelet
+        .preferred("nvidia.com/mig-1g.5gb", &bogus, &[], 2)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("MIG-not-advertised"), "{e}");
+    let e = kubelet
+        .preferred("nvidia.com/mig-1g.5gb", &avail, &avail[..2], 1)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("must-include"), "{e}");
+
     plugin.stop().await;
     assert!(
         !dir.path().join("nvidia-gpu.sock").exists(),

@@ -27,7 +27,8 @@ pub const VOLUME_MOUNT_DIR: &str = "/var/run/nvidia-container-devices";
 pub enum AllocateError {
     /// Ids the resource does not have.
     #[error(
-        "resource {resource}: unknown device id(s) {ids:?}; ask only for ids sent in ListAndWatch"
+        "resource {resource}: unknown device id(s) {}; ask only for ids sent in ListAndWatch",
+        crate::echo::join_capped(.ids)
     )]
     Unknown {
         /// Resource name.
@@ -36,7 +37,10 @@ pub enum AllocateError {
         ids: Vec<String>,
     },
     /// Ids listed more than once.
-    #[error("resource {resource}: device id(s) {ids:?} requested more than once")]
+    #[error(
+        "resource {resource}: device id(s) {} requested more than once; list each id once",
+        crate::echo::join_capped(.ids)
+    )]
     Duplicated {
         /// Resource name.
         resource: String,
@@ -53,6 +57,19 @@ pub enum AllocateError {
         /// Requested count.
         count: usize,
     },
+    /// `GetPreferredAllocation` named more must-include devices than it asked for.
+    #[error(
+        "resource {resource}: {must} must-include device(s) but an allocation size of {size}; \
+         the size must be at least the number of must-include ids"
+    )]
+    MustIncludeExceedsSize {
+        /// Resource name.
+        resource: String,
+        /// Distinct must-include ids.
+        must: usize,
+        /// Requested allocation size.
+        size: usize,
+    },
     /// Nothing was requested.
     #[error("resource {resource}: empty device list in allocation request")]
     Empty {
@@ -65,8 +82,13 @@ pub enum AllocateError {
 pub type NvlinkMap = BTreeMap<u32, BTreeSet<u32>>;
 
 /// Chooses `size` device ids from `available`, always keeping `must_include`.
-/// Unknown ids are skipped, never an error (an error would fail the pod's
-/// admission). The answer is sorted by id.
+///
+/// Every id in `available` and `must_include` must be one this resource
+/// advertised ([`AllocateError::Unknown`] names the others), and `must_include`
+/// may hold at most `size` distinct ids ([`AllocateError::MustIncludeExceedsSize`]).
+/// Ids listed twice count once. The answer holds exactly
+/// `min(size, |available ∪ must_include|)` ids, every must-include id among
+/// them, sorted by id, and does not depend on the order of either list.
 pub fn preferred_allocation(
     resource: &Resource,
     nvlinks: &NvlinkMap,
@@ -74,13 +96,30 @@ pub fn preferred_allocation(
     available: &[String],
     must_include: &[String],
     size: usize,
-) -> Vec<String> {
-    let known = |id: &String| resource.device(id).is_some();
-    let must: BTreeSet<&String> = must_include.iter().filter(|i| known(i)).collect();
+) -> Result<Vec<String>, AllocateError> {
+    let unknown: BTreeSet<&String> = available
+        .iter()
+        .chain(must_include)
+        .filter(|id| resource.device(id).is_none())
+        .collect();
+    if !unknown.is_empty() {
+        return Err(AllocateError::Unknown {
+            resource: resource.name.clone(),
+            ids: unknown.into_iter().cloned().collect(),
+        });
+    }
+    let must: BTreeSet<&String> = must_include.iter().collect();
+    if must.len() > size {
+        return Err(AllocateError::MustIncludeExceedsSize {
+            resource: resource.name.clone(),
+            must: must.len(),
+            size,
+        });
+    }
     let mut chosen: Vec<&DeviceInfo> = must.iter().filter_map(|i| resource.device(i)).collect();
     let candidates: Vec<&DeviceInfo> = available
         .iter()
-        .filter(|i| known(i) && !must.contains(i))
+        .filter(|i| !must.contains(i))
         .collect::<BTreeSet<_>>()
         .into_iter()
         .filter_map(|i| resource.device(i))
@@ -100,7 +139,7 @@ pub fn preferred_allocation(
     let mut ids: Vec<String> = chosen.into_iter().map(|d| d.id.clone()).collect();
     ids.sort();
     ids.dedup();
-    ids
+    Ok(ids)
 }
 
 fn set_score(set: &[&DeviceInfo], nvlinks: &NvlinkMap) -> (usize, usize) {
@@ -495,7 +534,8 @@ mod tests {
         // GPUs 0-3 on NUMA 0, 4-7 on NUMA 1; NVLink only 1-2 and 5-6.
         let nv = nvlinks_pairs(&[(1, 2), (5, 6)]);
         let all = ids(&r);
-        let got = preferred_allocation(&r, &nv, SharedAllocationPolicy::Distributed, &all, &[], 2);
+        let got = preferred_allocation(&r, &nv, SharedAllocationPolicy::Distributed, &all, &[], 2)
+            .unwrap();
         assert_eq!(got, vec![r.devices[1].id.clone(), r.devices[2].id.clone()]);
         // must include GPU 5: partner is 6 (NVLink, same NUMA)
         let got = preferred_allocation(
@@ -505,10 +545,12 @@ mod tests {
             &all,
             &[r.devices[5].id.clone()],
             2,
-        );
+        )
+        .unwrap();
         assert_eq!(got, vec![r.devices[5].id.clone(), r.devices[6].id.clone()]);
         // 4 GPUs: one whole NUMA node
-        let got = preferred_allocation(&r, &nv, SharedAllocationPolicy::Distributed, &all, &[], 4);
+        let got = preferred_allocation(&r, &nv, SharedAllocationPolicy::Distributed, &all, &[], 4)
+            .unwrap();
         let numa: BTreeSet<_> = got.iter().map(|i| r.device(i).unwrap().numa_node).collect();
         assert_eq!(numa.len(), 1);
     }
@@ -543,7 +585,8 @@ mod tests {
             &avail,
             &[],
             3,
-        );
+        )
+        .unwrap();
         assert!(
             got.iter().all(|i| r.device(i).unwrap().gpu_index == 2),
             "{got:?}"
@@ -555,7 +598,8 @@ mod tests {
             &avail,
             &[],
             5,
-        );
+        )
+        .unwrap();
         assert!(
             got.iter().all(|i| r.device(i).unwrap().gpu_index == 5),
             "{got:?}"
@@ -575,7 +619,8 @@ mod tests {
             &all,
             &[],
             3,
-        );
+        )
+        .unwrap();
         let gpus: BTreeSet<_> = got
             .iter()
             .map(|i| r.device(i).unwrap().uuid.clone())
@@ -588,12 +633,75 @@ mod tests {
             &all,
             &[],
             3,
-        );
+        )
+        .unwrap();
         let gpus: BTreeSet<_> = got
             .iter()
             .map(|i| r.device(i).unwrap().uuid.clone())
             .collect();
         assert_eq!(gpus.len(), 1);
+    }
+
+    #[test]
+    fn preferred_allocation_rejects_unknown_ids_and_oversized_must_include() {
+        let r = gpu_res();
+        let nv = NvlinkMap::new();
+        let policy = SharedAllocationPolicy::Distributed;
+        let all = ids(&r);
+        let mut avail = all.clone();
+        avail.push("GPU-nope".into());
+        let e = preferred_allocation(&r, &nv, policy, &avail, &["GPU-gone".into()], 2).unwrap_err();
+        assert_eq!(
+            e,
+            AllocateError::Unknown {
+                resource: "nvidia.com/gpu".into(),
+                ids: vec!["GPU-gone".into(), "GPU-nope".into()]
+            }
+        );
+        let msg = e.to_string();
+        assert!(msg.contains("GPU-gone, GPU-nope"), "{msg}");
+        assert!(msg.contains("ListAndWatch"), "{msg}");
+
+        let must = vec![all[0].clone(), all[1].clone(), all[0].clone()];
+        let e = preferred_allocation(&r, &nv, policy, &all, &must, 1).unwrap_err();
+        assert_eq!(
+            e,
+            AllocateError::MustIncludeExceedsSize {
+                resource: "nvidia.com/gpu".into(),
+                must: 2,
+                size: 1
+            }
+        );
+        assert!(e.to_string().contains("2 must-include"), "{e}");
+        // repeated ids count once: two distinct must-include ids fit a size of 2
+        let got = preferred_allocation(&r, &nv, policy, &all, &must, 2).unwrap();
+        assert_eq!(got, vec![all[0].clone(), all[1].clone()]);
+        // a size past what is available gives everything there is
+        let got = preferred_allocation(&r, &nv, policy, &all[..3], &[], 10).unwrap();
+        assert_eq!(got, all[..3].to_vec());
+    }
+
+    #[test]
+    fn unknown_id_messages_stay_short() {
+        let r = gpu_res();
+        let many: Vec<String> = (0..10_000).map(|i| format!("GPU-fake-{i:05}")).collect();
+        let e = preferred_allocation(
+            &r,
+            &NvlinkMap::new(),
+            SharedAllocationPolicy::Distributed,
+            &many,
+            &[],
+            1,
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.len() < 1_000, "{} bytes", msg.len());
+        assert!(
+            msg.contains("GPU-fake-00000") && msg.contains("more"),
+            "{msg}"
+        );
+        let e = allocate_container(&r, &Settings::defaults(), &many).unwrap_err();
+        assert!(e.to_string().len() < 1_000);
     }
 
     #[test]
@@ -712,28 +820,65 @@ mod tests {
         #[test]
         fn preferred_allocation_is_sound_and_order_independent(
             (r, nv) in any_resource(),
-            pick in proptest::collection::vec(any::<prop::sample::Index>(), 1..20),
-            must_n in 0usize..3,
-            size in 0usize..10,
+            pick in proptest::collection::vec(any::<prop::sample::Index>(), 0..20),
+            must_pick in proptest::collection::vec(any::<prop::sample::Index>(), 0..4),
+            extra in 0usize..10,
             packed in any::<bool>(),
             seed in any::<u64>(),
         ) {
             let policy = if packed { SharedAllocationPolicy::Packed } else { SharedAllocationPolicy::Distributed };
-            let mut avail: Vec<String> = pick.iter().map(|i| r.devices[i.index(r.devices.len())].id.clone()).collect();
-            avail.sort(); avail.dedup();
-            let must: Vec<String> = avail.iter().take(must_n.min(size)).cloned().collect();
-            let got = preferred_allocation(&r, &nv, policy, &avail, &must, size);
-            prop_assert_eq!(got.len(), size.min(avail.len()).max(must.len()));
+            let n_dev = r.devices.len();
+            // The kubelet's lists may repeat ids, and must-include ids need not be
+            // in the available list: both are still valid requests.
+            let avail: Vec<String> = pick.iter().map(|i| r.devices[i.index(n_dev)].id.clone()).collect();
+            let must: Vec<String> = must_pick.iter().map(|i| r.devices[i.index(n_dev)].id.clone()).collect();
+            let must_set: BTreeSet<&String> = must.iter().collect();
+            let size = must_set.len() + extra;
+            let union: BTreeSet<&String> = avail.iter().chain(&must).collect();
+            let got = preferred_allocation(&r, &nv, policy, &avail, &must, size).unwrap();
+            prop_assert_eq!(got.len(), size.min(union.len()));
             for m in &must { prop_assert!(got.contains(m)); }
-            for g in &got { prop_assert!(avail.contains(g)); }
-            let uniq: BTreeSet<_> = got.iter().collect();
-            prop_assert_eq!(uniq.len(), got.len());
-            // permuting the kubelet's list changes nothing
+            for g in &got {
+                prop_assert!(union.contains(g));
+                prop_assert!(r.device(g).is_some());
+            }
+            let mut sorted = got.clone();
+            sorted.sort();
+            sorted.dedup();
+            prop_assert_eq!(&sorted, &got);
+            // permuting the kubelet's lists changes nothing
             let mut shuffled = avail.clone();
             let n = shuffled.len();
             for i in 0..n { shuffled.swap(i, (seed as usize).wrapping_add(i * 7) % n); }
             shuffled.reverse();
-            prop_assert_eq!(preferred_allocation(&r, &nv, policy, &shuffled, &must, size), got);
+            let mut must_rev = must.clone();
+            must_rev.reverse();
+            prop_assert_eq!(preferred_allocation(&r, &nv, policy, &shuffled, &must_rev, size).unwrap(), got);
+        }
+
+        #[test]
+        fn preferred_allocation_rejects_invalid_requests(
+            (r, nv) in any_resource(),
+            pick in proptest::collection::vec(any::<prop::sample::Index>(), 0..10),
+            must_pick in proptest::collection::vec(any::<prop::sample::Index>(), 1..4),
+            bogus in "[a-z]{1,8}",
+            in_must in any::<bool>(),
+        ) {
+            let policy = SharedAllocationPolicy::Distributed;
+            let n_dev = r.devices.len();
+            let mut avail: Vec<String> = pick.iter().map(|i| r.devices[i.index(n_dev)].id.clone()).collect();
+            let mut must: Vec<String> = must_pick.iter().map(|i| r.devices[i.index(n_dev)].id.clone()).collect();
+            let must_n = must.iter().collect::<BTreeSet<_>>().len();
+            // must-include larger than the size
+            let e = preferred_allocation(&r, &nv, policy, &avail, &must, must_n - 1).unwrap_err();
+            prop_assert_eq!(e, AllocateError::MustIncludeExceedsSize {
+                resource: r.name.clone(), must: must_n, size: must_n - 1,
+            });
+            // an id never advertised, in either list
+            let unknown = format!("not-advertised-{bogus}");
+            if in_must { must.push(unknown.clone()) } else { avail.push(unknown.clone()) }
+            let e = preferred_allocation(&r, &nv, policy, &avail, &must, must_n + 1).unwrap_err();
+            prop_assert_eq!(e, AllocateError::Unknown { resource: r.name.clone(), ids: vec![unknown] });
         }
 
         #[test]

@@ -148,21 +148,25 @@ impl api::device_plugin_server::DevicePlugin for PluginService {
         &self,
         request: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
-        let container_responses = request
-            .into_inner()
-            .container_requests
-            .into_iter()
-            .map(|c| api::ContainerPreferredAllocationResponse {
-                device_i_ds: preferred_allocation(
-                    &self.resource,
-                    &self.nvlinks,
-                    self.settings.shared_allocation_policy,
-                    &c.available_device_i_ds,
-                    &c.must_include_device_i_ds,
-                    usize::try_from(c.allocation_size).unwrap_or(0),
-                ),
-            })
-            .collect();
+        let mut container_responses = Vec::new();
+        for c in request.into_inner().container_requests {
+            let size = usize::try_from(c.allocation_size).map_err(|_| {
+                Status::invalid_argument(format!(
+                    "resource {}: allocation size {} is negative; ask for 0 or more devices",
+                    self.resource.name, c.allocation_size
+                ))
+            })?;
+            let device_i_ds = preferred_allocation(
+                &self.resource,
+                &self.nvlinks,
+                self.settings.shared_allocation_policy,
+                &c.available_device_i_ds,
+                &c.must_include_device_i_ds,
+                size,
+            )
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            container_responses.push(api::ContainerPreferredAllocationResponse { device_i_ds });
+        }
         Ok(Response::new(api::PreferredAllocationResponse {
             container_responses,
         }))
