@@ -17,6 +17,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod faults;
+
+pub use faults::{CallClass, Fault, FaultError, FaultSpec};
+
 /// Why a backend call failed. The variants mirror the NVML return codes an agent
 /// has to react to differently; everything else is [`BackendError::Other`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
@@ -741,82 +745,6 @@ impl Default for SimTelemetry {
             tick_ms: 1000,
         }
     }
-}
-
-/// A class of backend calls a fault applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CallClass {
-    /// Inventory: `gpu_info`, `mig_mode`, profiles, instance lists.
-    Inventory,
-    /// MIG changes: mode, create, destroy, reset.
-    MigChange,
-    /// Telemetry samples.
-    Telemetry,
-    /// Every call on the GPU.
-    All,
-}
-
-/// The error a failing call returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FaultError {
-    /// [`BackendError::Other`] ("unknown error", as NVML_ERROR_UNKNOWN).
-    Unknown,
-    /// [`BackendError::NoPermission`].
-    NoPermission,
-    /// [`BackendError::NotSupported`].
-    NotSupported,
-    /// [`BackendError::Timeout`].
-    Timeout,
-    /// [`BackendError::GpuLost`].
-    GpuLost,
-}
-
-/// What goes wrong.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Fault {
-    /// An Xid error is raised (a health event; `last_xid` changes).
-    Xid {
-        /// The Xid number.
-        xid: u64,
-        /// The GPU instance it is attributed to, if any.
-        #[serde(default, rename = "gpu-instance")]
-        gpu_instance: Option<u32>,
-    },
-    /// The GPU falls off the bus: Xid 79, a GPU-lost event, then every call fails.
-    FallOffBus,
-    /// Calls of a class start failing with `error`.
-    FailCalls {
-        /// Which calls.
-        calls: CallClass,
-        /// With what.
-        error: FaultError,
-    },
-    /// Calls of a class become slow.
-    SlowCalls {
-        /// Which calls.
-        calls: CallClass,
-        /// Added latency per call in milliseconds.
-        #[serde(rename = "delay-ms")]
-        delay_ms: u64,
-    },
-}
-
-/// A fault scheduled on a simulated node. Written in fleet files under a node
-/// (`faults:`), or injected at runtime.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct FaultSpec {
-    /// GPU index; `None` means every GPU of the node.
-    #[serde(default)]
-    pub gpu: Option<u32>,
-    /// When, in milliseconds after the node's simulation started (0 = at once).
-    #[serde(default)]
-    pub at_ms: u64,
-    /// What goes wrong.
-    pub fault: Fault,
 }
 
 #[cfg(test)]
