@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use super::render::EntityIdentity;
+use super::identity::EntityIdentity;
 
 /// The resource name of whole GPUs.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -146,7 +146,7 @@ pub fn attribute(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::render::MigIdentity;
+    use crate::metrics::identity::MigIdentity;
     use proptest::prelude::*;
 
     fn gpu(i: u32) -> EntityIdentity {

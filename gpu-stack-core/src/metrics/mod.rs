@@ -7,6 +7,7 @@ pub mod attribution;
 pub mod catalog;
 pub mod counters;
 pub mod format;
+pub mod identity;
 pub mod render;
 pub mod snapshot;
 pub mod xid;
@@ -19,8 +20,7 @@ pub use counters::{
     CounterSet, CounterSpec, CountersError, ParseReport, SkippedLine, parse_counters,
 };
 pub use format::Value;
-pub use render::{
-    EntityIdentity, EntitySample, Format, MigIdentity, RenderOptions, render, render_into,
-};
+pub use identity::{EntityIdentity, MigIdentity};
+pub use render::{EntitySample, Format, RenderOptions, render, render_into};
 pub use snapshot::{GpuRound, NvlinkMark, ReadError, gpu_identity, gpu_samples, nvlink_rate_mib_s};
 pub use xid::{XidWindow, xid_message};
