@@ -10,6 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+/// Prefix of every deploy label.
+pub const DEPLOY_PREFIX: &str = "nvidia.com/gpu.deploy.";
+
 /// Host directory where per-node validation status files live.
 pub const VALIDATIONS_DIR: &str = "/run/nvidia/validations";
 
@@ -65,11 +68,7 @@ impl Component {
 
     /// The full deploy label key every DaemonSet of this component selects on.
     pub fn deploy_label(self) -> String {
-        format!(
-            "{}{}",
-            crate::operator::labels::DEPLOY_PREFIX,
-            self.deploy_label_suffix()
-        )
+        format!("{}{}", DEPLOY_PREFIX, self.deploy_label_suffix())
     }
 
     /// DaemonSet name (the NVIDIA operator's names, so dashboards and runbooks

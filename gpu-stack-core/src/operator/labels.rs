@@ -11,9 +11,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::components::Component;
+pub use super::components::DEPLOY_PREFIX;
 
-/// Prefix of every deploy label.
-pub const DEPLOY_PREFIX: &str = "nvidia.com/gpu.deploy.";
 /// `true` on nodes with an NVIDIA GPU.
 pub const GPU_PRESENT: &str = "nvidia.com/gpu.present";
 /// `false` removes every deploy label from a node.
