@@ -368,16 +368,20 @@ impl ToolkitConfig {
         if !plan.needs_restart() {
             return Ok(out);
         }
+        // A record from an earlier run holds the user's original: a rollback
+        // puts it back as it was, never drops it.
+        let record_path = Self::record_path(&plan.target);
+        let record_before = self.read(&record_path)?;
         for f in &plan.files {
             if f.path == plan.target.main_config
                 && let Some(r) = &plan.record
             {
                 let text = serde_json::to_string_pretty(r).map_err(|e| ToolkitError::Io {
                     action: "cannot render the agent's record for",
-                    path: Self::record_path(&plan.target),
+                    path: record_path.clone(),
                     reason: e.to_string(),
                 })?;
-                self.write(&Self::record_path(&plan.target), Some(&text))?;
+                self.write(&record_path, Some(&text))?;
             }
             self.write(&f.path, f.after.as_deref())?;
             out.changed.push(f.path.clone());
@@ -400,9 +404,7 @@ impl ToolkitConfig {
                 for f in plan.files.iter().rev() {
                     self.write(&f.path, f.before.as_deref())?;
                 }
-                if plan.record.is_some() {
-                    self.write(&Self::record_path(&plan.target), None)?;
-                }
+                self.write(&record_path, record_before.as_deref())?;
                 let restored = self.restart_and_wait(&plan.target).await;
                 Err(ToolkitError::NotTaken(format!(
                     "{why}; the previous files were restored{}",
