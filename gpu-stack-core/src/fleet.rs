@@ -142,6 +142,9 @@ pub enum FleetError {
     /// Not YAML of the expected shape.
     #[error("fleet file is malformed: {0}")]
     Parse(String),
+    /// The file nests too deeply or is too large to parse safely.
+    #[error("fleet file refused before parsing: {0}")]
+    Refused(#[from] crate::yaml_guard::DepthError),
     /// A node-level problem.
     #[error("fleet node {}: {reason}", crate::echo::quoted(.node))]
     Node {
@@ -239,11 +242,14 @@ fn validate_processes(node: &FleetNode) -> Result<(), String> {
 }
 
 impl Fleet {
-    /// Parses and validates a fleet file.
+    /// Parses and validates a fleet file. Text nesting deeper than
+    /// [`crate::yaml_guard::MAX_DEPTH`] or larger than
+    /// [`crate::yaml_guard::MAX_BYTES`] is refused before parsing.
     pub fn from_yaml(text: &str) -> Result<Fleet, FleetError> {
         let fleet: Fleet = if text.trim().is_empty() {
             Fleet::default()
         } else {
+            crate::yaml_guard::check(text)?;
             serde_yaml::from_str(text).map_err(|e| FleetError::Parse(e.to_string()))?
         };
         fleet.validate()?;
@@ -385,6 +391,32 @@ impl Fleet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn deep_inputs() -> [String; 2] {
+        [
+            "[".repeat(100_000),
+            format!("{}1{}", "{a: ".repeat(100_000), "}".repeat(100_000)),
+        ]
+    }
+
+    #[test]
+    fn deeply_nested_fleet_is_refused_before_parsing() {
+        for text in deep_inputs() {
+            let e = Fleet::from_yaml(&text).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    FleetError::Refused(crate::yaml_guard::DepthError::TooDeep { .. })
+                ),
+                "{e}"
+            );
+            assert!(
+                e.to_string()
+                    .starts_with("fleet file refused before parsing: YAML nests deeper than 64"),
+                "{e}"
+            );
+        }
+    }
 
     fn node(processes: &str) -> String {
         format!(

@@ -8,6 +8,8 @@
 //! - [`backend`]: the `GpuBackend` trait every GPU implementation serves.
 //! - [`operator`], [`deviceplugin`], [`gfd`], [`cdi`], [`metrics`], [`migmanager`]:
 //!   what the operator and the node agents decide.
+//! - [`yaml_guard`]: a linear check of nesting depth and size that every YAML
+//!   input passes before it is parsed.
 //! - [`nodediscovery`]: the NFD-compatible node labels the node-discovery agent
 //!   writes where NFD is not installed, and when it writes them.
 //! - [`toolkit`]: the container-runtime edits of the CDI-native toolkit agent
@@ -44,3 +46,4 @@ pub mod migparted;
 pub mod nodediscovery;
 pub mod operator;
 pub mod toolkit;
+pub mod yaml_guard;

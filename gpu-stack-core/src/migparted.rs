@@ -206,8 +206,12 @@ impl MigPartedConfig {
         self.mig_configs.iter().find(|c| c.name == name)
     }
 
-    /// Parses with mig-parted's rules (reference/mig.md §8.1).
+    /// Parses with mig-parted's rules (reference/mig.md §8.1). Text nesting
+    /// deeper than [`crate::yaml_guard::MAX_DEPTH`] or larger than
+    /// [`crate::yaml_guard::MAX_BYTES`] is refused before parsing.
     pub fn from_yaml(text: &str) -> Result<MigPartedConfig, MigPartedError> {
+        crate::yaml_guard::check(text)
+            .map_err(|e| err("(document)", format!("refused before parsing: {e}")))?;
         let doc: Value =
             serde_yaml::from_str(text).map_err(|e| err("(document)", format!("not YAML: {e}")))?;
         let map = match doc {
@@ -591,6 +595,34 @@ mod tests {
     use super::*;
     use crate::catalog;
     use proptest::prelude::*;
+
+    fn deep_inputs() -> [String; 2] {
+        [
+            "[".repeat(100_000),
+            format!("{}1{}", "{a: ".repeat(100_000), "}".repeat(100_000)),
+        ]
+    }
+
+    #[test]
+    fn deeply_nested_config_is_refused_before_parsing() {
+        for text in deep_inputs() {
+            let e = MigPartedConfig::from_yaml(&text).unwrap_err();
+            assert_eq!(e.path, "(document)");
+            assert!(
+                e.reason
+                    .starts_with("refused before parsing: YAML nests deeper than 64"),
+                "{e}"
+            );
+        }
+        // nested under a real key, too
+        let text = format!("version: v1\nmig-configs: {}\n", "[".repeat(100_000));
+        assert!(
+            MigPartedConfig::from_yaml(&text)
+                .unwrap_err()
+                .reason
+                .contains("line 2")
+        );
+    }
 
     fn reason(text: &str) -> String {
         MigPartedConfig::from_yaml(text).unwrap_err().to_string()

@@ -26,6 +26,17 @@ pub enum ConfigError {
         /// Parser message.
         message: String,
     },
+    /// The file nests too deeply or is too large to parse safely.
+    #[error(
+        "config file {source_name}: refused before parsing: {source}; \
+         expected NVIDIA's device-plugin config (version: v1)"
+    )]
+    Refused {
+        /// File name or other origin.
+        source_name: String,
+        /// What the pre-parse check found.
+        source: crate::yaml_guard::DepthError,
+    },
     /// The `version` key is not `v1`.
     #[error(
         "config: unsupported version {}; only \"v1\" (or an empty version) is accepted",
@@ -343,11 +354,17 @@ pub struct Imex {
 }
 
 impl ConfigFile {
-    /// Parses a config file (YAML is a superset of JSON, so both work).
+    /// Parses a config file (YAML is a superset of JSON, so both work). Text
+    /// nesting deeper than [`crate::yaml_guard::MAX_DEPTH`] or larger than
+    /// [`crate::yaml_guard::MAX_BYTES`] is refused before parsing.
     pub fn parse(source_name: &str, text: &str) -> Result<ConfigFile, ConfigError> {
         if text.trim().is_empty() {
             return Ok(ConfigFile::default());
         }
+        crate::yaml_guard::check(text).map_err(|source| ConfigError::Refused {
+            source_name: source_name.to_string(),
+            source,
+        })?;
         serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
             source_name: source_name.to_string(),
             message: e.to_string(),
@@ -817,6 +834,30 @@ fn is_sharable_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn deep_inputs() -> [String; 2] {
+        [
+            "[".repeat(100_000),
+            format!("{}1{}", "{a: ".repeat(100_000), "}".repeat(100_000)),
+        ]
+    }
+
+    #[test]
+    fn deeply_nested_config_is_refused_before_parsing() {
+        for text in deep_inputs() {
+            let e = ConfigFile::parse("/etc/dp/config.yaml", &text).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Refused { source_name, source: crate::yaml_guard::DepthError::TooDeep { .. } } if source_name == "/etc/dp/config.yaml"),
+                "{e}"
+            );
+            assert!(
+                e.to_string().contains(
+                    "config file /etc/dp/config.yaml: refused before parsing: YAML nests deeper"
+                ),
+                "{e}"
+            );
+        }
+    }
 
     const TS: &str = r#"
 version: v1
