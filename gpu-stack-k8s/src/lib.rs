@@ -16,20 +16,18 @@
 //! assert!(crd.contains("clusterpolicies.nvidia.com"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-pub mod cluster;
-pub mod clusterpolicy;
-pub mod controller;
 pub mod demo;
-pub mod desired;
 pub mod deviceplugin;
 pub mod exporter;
 pub mod kubelet_standin;
-pub mod leader;
 pub mod migmanager;
 pub mod node_status;
 pub mod nodediscovery;
 pub mod operator;
-pub mod operator_metrics;
 pub mod podresources;
 pub mod toolkit;
 pub mod validator;
+
+// The operator's modules live under `operator/`; their old paths stay.
+pub use operator::metrics as operator_metrics;
+pub use operator::{cluster, clusterpolicy, controller, desired, leader};

@@ -1,3 +1,8 @@
+//! The operator: the ClusterPolicy CRD ([`clusterpolicy`]), the pure
+//! desired-state function ([`desired`]), the [`cluster`] seam, the reconcile
+//! loop (this module), and what runs it on a real cluster ([`controller`],
+//! [`leader`], [`metrics`]).
+//!
 //! The operator's reconcile loop over the [`Cluster`] seam.
 //!
 //! One pass: pick the ClusterPolicy in charge (oldest wins; the others are
@@ -5,6 +10,14 @@
 //! and the owned objects, then act: node labels and objects at once (objects
 //! in dependency stages), stale objects deleted, status last.
 //! Passes are idempotent: a pass over a converged cluster writes nothing.
+
+pub mod cluster;
+pub mod clusterpolicy;
+pub mod controller;
+pub mod desired;
+pub mod leader;
+pub mod metrics;
+
 use std::collections::BTreeMap;
 
 use futures::{Stream, StreamExt, TryStreamExt};
@@ -14,7 +27,7 @@ use serde::Serialize;
 
 use crate::cluster::{Cluster, ClusterError, Object, ObjectKey};
 use crate::clusterpolicy::ClusterPolicyStatus;
-use crate::desired::{self, Options, active_policy, carry_condition_times, ignored_status};
+use crate::desired::{Options, active_policy, carry_condition_times, ignored_status};
 
 /// Errors of a reconcile pass.
 #[derive(Debug, thiserror::Error)]
