@@ -19,15 +19,18 @@
 pub mod demo;
 pub mod deviceplugin;
 pub mod exporter;
-pub mod kubelet_standin;
+pub mod kubelet;
 pub mod migmanager;
 pub mod node_status;
 pub mod nodediscovery;
 pub mod operator;
-pub mod podresources;
 pub mod toolkit;
 pub mod validator;
 
 // The operator's modules live under `operator/`; their old paths stay.
 pub use operator::metrics as operator_metrics;
 pub use operator::{cluster, clusterpolicy, controller, desired, leader};
+
+// The kubelet's protocols live under `kubelet/`; their old paths stay.
+pub use kubelet::podresources;
+pub use kubelet::standin as kubelet_standin;
