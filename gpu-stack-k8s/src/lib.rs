@@ -33,4 +33,5 @@ pub use operator::{cluster, clusterpolicy, controller, desired, leader};
 
 // The kubelet's protocols live under `kubelet/`; their old paths stay.
 pub use kubelet::podresources;
+#[cfg(any(test, feature = "testing"))]
 pub use kubelet::standin as kubelet_standin;
