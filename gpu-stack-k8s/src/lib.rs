@@ -1,14 +1,26 @@
 //! gpu-stack-k8s: the cluster side effects of gpu-stack.
 //!
-//! - [`clusterpolicy`], [`desired`], [`operator`]: the ClusterPolicy CRD, the pure
-//!   desired-state function and the reconcile loop over the [`cluster::Cluster`]
-//!   seam (in-memory and kube implementations); [`controller`] and [`leader`] run
-//!   it on a real cluster.
-//! - [`deviceplugin`], [`podresources`], [`exporter`], [`migmanager`],
-//!   [`validator`], [`node_status`]: the node agents' kubelet protocols and loops.
-//! - [`demo`]: the operator and agents against an in-memory cluster and simulated GPUs.
+//! Layout, one concern per folder:
+//!
+//! - [`operator`]: the ClusterPolicy CRD, the pure desired-state function, the
+//!   reconcile loop over the [`cluster::Cluster`] seam (in-memory and kube
+//!   implementations), and the controller, leader election and metrics that
+//!   run it on a real cluster.
+//! - [`kubelet`]: the kubelet's pod-resources API and, with the `testing`
+//!   feature, the stand-in kubelets for tests.
+//! - [`deviceplugin`]: the kubelet device plugin and GPU feature discovery.
+//! - [`exporter`]: the DCGM-compatible GPU metrics exporter.
+//! - [`migmanager`]: the MIG manager agent.
 //! - [`nodediscovery`]: the agent that writes NFD's node labels where NFD is not installed.
 //! - [`toolkit`]: the container toolkit agent (CDI-native runtime setup, no shim).
+//! - [`demo`]: the operator and agents against an in-memory cluster and simulated GPUs.
+//! - [`validator`] (validator.rs): the per-node validator's side effects.
+//! - [`node_status`] (node_status.rs): the node status exporter.
+//!
+//! The modules that moved keep their old paths through re-exports:
+//! [`cluster`], [`clusterpolicy`], [`controller`], [`desired`], [`leader`],
+//! [`operator_metrics`] and [`podresources`] (and `kubelet_standin` with the
+//! `testing` feature).
 //!
 //! ```
 //! // The CRD users install is generated from the Rust types.
