@@ -4,12 +4,12 @@
 //! through the same library code the agent binaries use:
 //!
 //! - the MIG manager's pass ([`crate::migmanager::reconcile`]) over the
-//!   cluster's [`NodeApi`](crate::migmanager::NodeApi) implementation;
+//!   cluster's [`NodeApi`] implementation;
 //! - GPU feature discovery ([`gpu_stack_core::gfd::labels`]) publishing its
 //!   label changes ([`crate::deviceplugin::labels::label_changes`]);
 //! - the device plugin's resources ([`gpu_stack_core::deviceplugin::node_resources`]),
 //!   shown as the Node's capacity and allocatable, as the kubelet would;
-//! - the exporter's DCGM series ([`gpu_stack_core::metrics::render`]) for one GPU.
+//! - the exporter's DCGM series ([`gpu_stack_core::metrics::render()`]) for one GPU.
 //!
 //! An agent runs on a node only while its DaemonSet's pod template fits that
 //! node, so a paused or disabled component does nothing there. Every

@@ -66,7 +66,7 @@ pub struct PassReport {
 }
 
 /// One reconcile pass of the operator for a ClusterPolicy. Implemented over
-/// the kube `Cluster` in [`crate::cluster::kube`].
+/// the kube `Cluster` in [`crate::cluster::kube_cluster`].
 pub trait Pass: Send + Sync + 'static {
     /// Why a pass failed.
     type Error: std::error::Error + Send + Sync + 'static;
