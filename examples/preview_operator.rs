@@ -31,7 +31,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/fleets/mixed.yaml").to_string());
     let fleet = Fleet::from_yaml(&std::fs::read_to_string(&fleet_path)?)?;
     let policy: ClusterPolicy = match args.next() {
-        Some(p) => serde_yaml::from_str(&std::fs::read_to_string(p)?)?,
+        Some(p) => gpu_stack_core::yaml_guard::from_str(&std::fs::read_to_string(p)?)?,
         None => ClusterPolicy::new("cluster-policy", ClusterPolicySpec::default()),
     };
 

@@ -360,7 +360,7 @@ async fn mixed_strategy_with_cdi_registers_mig_resources_and_writes_the_spec() {
     let spec: serde_json::Value = if specs[0].extension().is_some_and(|e| e == "json") {
         serde_json::from_str(&text).unwrap()
     } else {
-        serde_yaml::from_str(&text).unwrap()
+        serde_saphyr::from_str(&text).unwrap()
     };
     assert_eq!(spec["kind"], "nvidia.com/gpu");
     let spec_names: Vec<&str> = spec["devices"]

@@ -256,8 +256,8 @@ pub fn node_spec(gpus: &NodeGpus, host: &HostFiles) -> Spec {
 }
 
 /// Renders the spec as YAML (for people; files are written as JSON).
-pub fn to_yaml(spec: &Spec) -> Result<String, serde_yaml::Error> {
-    serde_yaml::to_string(spec)
+pub fn to_yaml(spec: &Spec) -> Result<String, serde_saphyr::SerializeError> {
+    serde_saphyr::to_string(spec)
 }
 
 /// Renders the spec as JSON, the form written to disk: JSON leaves no doubt
@@ -310,10 +310,10 @@ mod tests {
             ..HostFiles::default()
         };
         let yaml = to_yaml(&node_spec(&node_gpus(), &host)).unwrap();
-        let expected = r#"cdiVersion: 0.5.0
+        let expected = r#"cdiVersion: "0.5.0"
 kind: nvidia.com/gpu
 devices:
-- name: '0'
+- name: "0"
   containerEdits:
     deviceNodes:
     - path: /dev/nvidia0
@@ -323,7 +323,7 @@ devices:
     deviceNodes:
     - path: /dev/nvidia0
       hostPath: /dev/nvidia0
-- name: '1'
+- name: "1"
   containerEdits:
     deviceNodes:
     - path: /dev/nvidia1
@@ -333,7 +333,7 @@ devices:
     deviceNodes:
     - path: /dev/nvidia1
       hostPath: /dev/nvidia1
-- name: 1:0
+- name: "1:0"
   containerEdits:
     deviceNodes:
     - path: /dev/nvidia1
@@ -395,7 +395,7 @@ containerEdits:
     - /usr/lib/x86_64-linux-gnu
 "#;
         assert_eq!(yaml, expected, "got:\n{yaml}");
-        let back: Spec = serde_yaml::from_str(&yaml).unwrap();
+        let back: Spec = serde_saphyr::from_str(&yaml).unwrap();
         assert_eq!(back, node_spec(&node_gpus(), &host));
         let json = to_json(&back).unwrap();
         assert!(json.contains(r#""name": "1:0""#));

@@ -250,7 +250,8 @@ impl Fleet {
             Fleet::default()
         } else {
             crate::yaml_guard::check(text)?;
-            serde_yaml::from_str(text).map_err(|e| FleetError::Parse(e.to_string()))?
+            crate::yaml_guard::from_str(text)
+                .map_err(|e| FleetError::Parse(crate::yaml_guard::message(&e)))?
         };
         fleet.validate()?;
         Ok(fleet)

@@ -9,7 +9,7 @@
 //! - [`operator`], [`deviceplugin`], [`gfd`], [`cdi`], [`metrics`], [`migmanager`]:
 //!   what the operator and the node agents decide.
 //! - [`yaml_guard`]: a linear check of nesting depth and size that every YAML
-//!   input passes before it is parsed.
+//!   input passes before it is parsed, and the parser options it is read with.
 //! - [`nodediscovery`]: the NFD-compatible node labels the node-discovery agent
 //!   writes where NFD is not installed, and when it writes them.
 //! - [`toolkit`]: the container-runtime edits of the CDI-native toolkit agent

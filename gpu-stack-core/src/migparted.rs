@@ -8,7 +8,6 @@
 use std::fmt;
 
 use serde::Serialize;
-use serde_yaml::Value;
 
 use crate::catalog::{GpuModel, format_pci_id, parse_pci_id};
 use crate::echo;
@@ -162,6 +161,104 @@ fn err(path: impl Into<String>, reason: impl Into<String>) -> MigPartedError {
     }
 }
 
+/// An untyped YAML value as a mig-parted file is read: mappings keep file
+/// order and any key type, so messages can name what was written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// `~`, `null` or nothing.
+    Null,
+    /// `true` or `false`.
+    Bool(bool),
+    /// A number, as YAML wrote it.
+    Number(serde_json::Number),
+    /// A string.
+    String(String),
+    /// A list.
+    Sequence(Vec<Value>),
+    /// A mapping, in file order.
+    Mapping(Vec<(Value, Value)>),
+}
+
+impl Value {
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn as_u64(&self) -> Option<u64> {
+        match self {
+            Value::Number(n) => n.as_u64(),
+            _ => None,
+        }
+    }
+
+    fn as_i64(&self) -> Option<i64> {
+        match self {
+            Value::Number(n) => n.as_i64(),
+            _ => None,
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Value {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Value;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any YAML value")
+            }
+            fn visit_unit<E>(self) -> Result<Value, E> {
+                Ok(Value::Null)
+            }
+            fn visit_none<E>(self) -> Result<Value, E> {
+                Ok(Value::Null)
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+                serde::Deserialize::deserialize(d)
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+                Ok(Value::Bool(b))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+                Ok(Value::Number(n.into()))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+                Ok(Value::Number(n.into()))
+            }
+            fn visit_f64<E>(self, n: f64) -> Result<Value, E> {
+                // Non-finite floats have no JSON number; keep their spelling.
+                Ok(serde_json::Number::from_f64(n)
+                    .map(Value::Number)
+                    .unwrap_or_else(|| Value::String(n.to_string())))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+                Ok(Value::String(s.to_string()))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Value, E> {
+                Ok(Value::String(s))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(v) = a.next_element()? {
+                    out.push(v);
+                }
+                Ok(Value::Sequence(out))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(kv) = a.next_entry()? {
+                    out.push(kv);
+                }
+                Ok(Value::Mapping(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 fn key_str(k: &Value, path: &str) -> Result<String, MigPartedError> {
     k.as_str()
         .map(str::to_string)
@@ -174,7 +271,11 @@ pub fn describe(v: &Value) -> String {
     match v {
         Value::Null => "nothing (an empty value)".into(),
         Value::Bool(b) => format!("{b}"),
-        Value::Number(n) => format!("the number {}", echo::clipped(&n.to_string())),
+        // serde_json writes `1e+166`; YAML and mig-parted write `1e166`.
+        Value::Number(n) => format!(
+            "the number {}",
+            echo::clipped(&n.to_string().replace("e+", "e"))
+        ),
         Value::String(s) => format!("the string {}", echo::quoted(s)),
         Value::Sequence(l) => match l.len() {
             0 => "an empty list".into(),
@@ -186,7 +287,6 @@ pub fn describe(v: &Value) -> String {
             1 => "a mapping of 1 key".into(),
             n => format!("a mapping of {n} keys"),
         },
-        Value::Tagged(t) => format!("a value tagged {}", echo::clipped(&t.tag.to_string())),
     }
 }
 
@@ -212,8 +312,12 @@ impl MigPartedConfig {
     pub fn from_yaml(text: &str) -> Result<MigPartedConfig, MigPartedError> {
         crate::yaml_guard::check(text)
             .map_err(|e| err("(document)", format!("refused before parsing: {e}")))?;
-        let doc: Value =
-            serde_yaml::from_str(text).map_err(|e| err("(document)", format!("not YAML: {e}")))?;
+        let doc: Value = crate::yaml_guard::from_str(text).map_err(|e| {
+            err(
+                "(document)",
+                format!("not YAML: {}", crate::yaml_guard::message(&e)),
+            )
+        })?;
         let map = match doc {
             Value::Null => {
                 return Err(err(

@@ -59,6 +59,34 @@ pub enum DepthError {
     },
 }
 
+/// The parser options every gpu-stack YAML input is read with: YAML 1.2
+/// booleans only (`true`/`false`, also capitalised; `yes`, `no`, `on` and
+/// `off` stay strings), duplicate keys refused, and serde-saphyr's default
+/// budget for aliases and document size.
+pub fn options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        strict_booleans: true,
+    }
+}
+
+/// Parses `text` with [`options`]. Callers run [`check`] first.
+pub fn from_str<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
+    serde_saphyr::from_str_with_options(text, options())
+}
+
+/// A parse error on one line, without the source snippet: the parser's
+/// message, which names the line and column where it has them.
+pub fn message(e: &serde_saphyr::Error) -> String {
+    let plain = e.without_snippet().to_string();
+    let plain = plain.split_whitespace().collect::<Vec<_>>().join(" ");
+    match e.location() {
+        Some(l) if !plain.contains("line ") => {
+            format!("{plain} at line {} column {}", l.line(), l.column())
+        }
+        _ => plain,
+    }
+}
+
 /// [`check_limits`] with [`MAX_DEPTH`] and [`MAX_BYTES`].
 pub fn check(text: &str) -> Result<(), DepthError> {
     check_limits(text, MAX_DEPTH, MAX_BYTES)
@@ -273,6 +301,37 @@ fn is_block_scalar_header(rest: &[u8]) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn parse_errors_are_one_line_and_name_the_position() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct T {
+            a: u32,
+        }
+        for (text, want) in [
+            ("a: [1\n", "line "),
+            ("a: x\n", "line 1"),
+            ("b: 1\n", "line 1"),
+            ("a: 1\na: 2\n", "line 2"),
+        ] {
+            let e = from_str::<T>(text).unwrap_err();
+            let m = message(&e);
+            eprintln!("{text:?}: {m}");
+            assert!(m.contains(want) && m.contains("column"), "{text:?}: {m}");
+            assert!(!m.contains('\n'), "{text:?}: {m}");
+        }
+    }
+
+    #[test]
+    fn only_yaml_1_2_booleans_are_booleans() {
+        let v: serde_json::Value = from_str("a: yes\nb: on\nc: true\nd: false\n").unwrap();
+        assert_eq!(v["a"], "yes");
+        assert_eq!(v["b"], "on");
+        assert_eq!(v["c"], true);
+        assert_eq!(v["d"], false);
+        assert!(from_str::<bool>("yes").is_err());
+    }
 
     fn deep(kind: &str, n: usize) -> String {
         match kind {

@@ -70,65 +70,83 @@ const MIXED: &str = include_str!("../../examples/fleets/mixed.yaml");
 
 /// A compact, reviewable view of a desired state.
 fn summary(d: &Desired) -> String {
-    let mut out = serde_yaml::Mapping::new();
-    let mut objs = Vec::new();
-    for o in &d.objects {
-        let mut m = serde_yaml::Mapping::new();
-        m.insert("key".into(), o.key().to_string().into());
-        if let Object::DaemonSet(ds) = o {
-            let spec = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-            m.insert(
-                "image".into(),
-                spec.containers[0].image.clone().unwrap_or_default().into(),
-            );
-            m.insert(
-                "nodeSelector".into(),
-                serde_yaml::to_value(&spec.node_selector).unwrap(),
-            );
-            if let Some(a) = &spec.affinity {
-                m.insert("affinity".into(), serde_yaml::to_value(a).unwrap());
-            }
-            let inits: Vec<String> = spec
-                .init_containers
-                .iter()
-                .flatten()
-                .map(|c| c.name.clone())
-                .collect();
-            m.insert("init".into(), serde_yaml::to_value(inits).unwrap());
-            let env: BTreeMap<String, String> = spec.containers[0]
-                .env
-                .iter()
-                .flatten()
-                .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
-                .collect();
-            m.insert("env".into(), serde_yaml::to_value(env).unwrap());
-            m.insert(
-                "updateStrategy".into(),
-                ds.spec
-                    .as_ref()
-                    .unwrap()
-                    .update_strategy
-                    .as_ref()
-                    .unwrap()
-                    .type_
-                    .clone()
-                    .unwrap_or_default()
-                    .into(),
-            );
-        }
-        objs.push(serde_yaml::Value::Mapping(m));
+    /// One object: its key, and for a DaemonSet what a review looks at.
+    #[derive(serde::Serialize)]
+    struct Obj<'a> {
+        key: String,
+        #[serde(flatten)]
+        ds: Option<Ds<'a>>,
     }
-    out.insert("objects".into(), serde_yaml::Value::Sequence(objs));
-    out.insert(
-        "nodeLabels".into(),
-        serde_yaml::to_value(&d.node_labels).unwrap(),
-    );
-    out.insert("status".into(), serde_yaml::to_value(&d.status).unwrap());
-    out.insert(
-        "delete".into(),
-        serde_yaml::to_value(d.delete.iter().map(|k| k.to_string()).collect::<Vec<_>>()).unwrap(),
-    );
-    serde_yaml::to_string(&out).unwrap()
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Ds<'a> {
+        image: String,
+        node_selector: &'a Option<BTreeMap<String, String>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        affinity: Option<&'a k8s_openapi::api::core::v1::Affinity>,
+        init: Vec<String>,
+        env: BTreeMap<String, String>,
+        update_strategy: String,
+    }
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Summary<'a, L: serde::Serialize, S: serde::Serialize> {
+        objects: Vec<Obj<'a>>,
+        node_labels: &'a L,
+        status: &'a S,
+        delete: Vec<String>,
+    }
+    let objects = d
+        .objects
+        .iter()
+        .map(|o| Obj {
+            key: o.key().to_string(),
+            ds: match o {
+                Object::DaemonSet(ds) => {
+                    let spec = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+                    Some(Ds {
+                        image: spec.containers[0].image.clone().unwrap_or_default(),
+                        node_selector: &spec.node_selector,
+                        affinity: spec.affinity.as_ref(),
+                        init: spec
+                            .init_containers
+                            .iter()
+                            .flatten()
+                            .map(|c| c.name.clone())
+                            .collect(),
+                        env: spec.containers[0]
+                            .env
+                            .iter()
+                            .flatten()
+                            .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+                            .collect(),
+                        update_strategy: ds
+                            .spec
+                            .as_ref()
+                            .unwrap()
+                            .update_strategy
+                            .as_ref()
+                            .unwrap()
+                            .type_
+                            .clone()
+                            .unwrap_or_default(),
+                    })
+                }
+                _ => None,
+            },
+        })
+        .collect();
+    // One line per value: long object keys stay greppable, not folded.
+    serde_saphyr::to_string_with_options(
+        &Summary {
+            objects,
+            node_labels: &d.node_labels,
+            status: &d.status,
+            delete: d.delete.iter().map(|k| k.to_string()).collect(),
+        },
+        serde_saphyr::ser_options! { prefer_block_scalars: false },
+    )
+    .unwrap()
 }
 
 /// Rules the API server enforces on pod templates that the in-memory cluster

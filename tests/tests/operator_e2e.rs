@@ -78,8 +78,15 @@ async fn install_chart_rbac(
     );
     let text = String::from_utf8(out.stdout)?;
     let mut applied = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple_with_options(&text, gpu_stack_core::yaml_guard::options())
+            .map_err(|e| {
+                anyhow!(
+                    "helm template output: {}",
+                    gpu_stack_core::yaml_guard::message(&e)
+                )
+            })?;
+    for value in docs {
         if value.is_null() {
             continue;
         }
@@ -210,7 +217,7 @@ fn token_kubeconfig(admin: &Path, token: &str, dir: &Path) -> Result<PathBuf> {
         }
     }
     let path = dir.join("operator.kubeconfig");
-    std::fs::write(&path, serde_yaml::to_string(&kc)?)?;
+    std::fs::write(&path, serde_saphyr::to_string(&kc)?)?;
     Ok(path)
 }
 

@@ -787,7 +787,7 @@ mod tests {
     #[test]
     fn fault_specs_parse_from_yaml() {
         let yaml = "- {gpu: 0, at-ms: 5000, fault: {type: xid, xid: 48}}\n- {gpu: 3, fault: {type: fall-off-bus}}\n- {fault: {type: slow-calls, calls: telemetry, delay-ms: 20}}\n";
-        let faults: Vec<FaultSpec> = serde_yaml::from_str(yaml).unwrap();
+        let faults: Vec<FaultSpec> = serde_saphyr::from_str(yaml).unwrap();
         assert_eq!(faults.len(), 3);
         assert_eq!(
             faults[0].fault,
@@ -798,9 +798,9 @@ mod tests {
         );
         assert_eq!(faults[1].at_ms, 0);
         assert_eq!(faults[2].gpu, None);
-        let bad: Result<Vec<FaultSpec>, _> = serde_yaml::from_str("- {fault: {type: melt}}\n");
+        let bad: Result<Vec<FaultSpec>, _> = serde_saphyr::from_str("- {fault: {type: melt}}\n");
         assert!(bad.is_err());
-        let t: SimTelemetry = serde_yaml::from_str("utilization-pct: 90\n").unwrap();
+        let t: SimTelemetry = serde_saphyr::from_str("utilization-pct: 90\n").unwrap();
         assert_eq!(t.utilization_pct, 90);
         assert_eq!(t.tick_ms, SimTelemetry::default().tick_ms);
     }

@@ -221,7 +221,7 @@ pub struct ConfigFile {
     pub flags: FileFlags,
     /// Resource renaming; accepted and ignored, like NVIDIA's plugin.
     #[serde(default)]
-    pub resources: Option<serde_yaml::Value>,
+    pub resources: Option<serde_json::Value>,
     /// GPU sharing.
     #[serde(default)]
     pub sharing: Sharing,
@@ -336,7 +336,7 @@ pub struct ReplicatedResource {
     pub rename: Option<String>,
     /// Which devices; ignored (always all).
     #[serde(default)]
-    pub devices: Option<serde_yaml::Value>,
+    pub devices: Option<serde_json::Value>,
     /// Replicas per device, at least 2.
     pub replicas: u32,
 }
@@ -365,9 +365,9 @@ impl ConfigFile {
             source_name: source_name.to_string(),
             source,
         })?;
-        serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+        crate::yaml_guard::from_str(text).map_err(|e| ConfigError::Parse {
             source_name: source_name.to_string(),
-            message: e.to_string(),
+            message: crate::yaml_guard::message(&e),
         })
     }
 }

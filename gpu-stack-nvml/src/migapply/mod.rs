@@ -798,9 +798,9 @@ pub fn export(backend: &dyn GpuBackend, name: &str) -> Result<ExportedConfig, Ap
         .map(|(device, enabled, devices, indices)| ExportedEntry {
             device_filter: catalog::format_pci_id(device),
             devices: if indices.len() == total {
-                serde_yaml::Value::String("all".into())
+                serde_json::Value::String("all".into())
             } else {
-                serde_yaml::Value::Sequence(indices.into_iter().map(|i| i.into()).collect())
+                serde_json::Value::Array(indices.into_iter().map(|i| i.into()).collect())
             },
             mig_enabled: enabled,
             mig_devices: if enabled { Some(devices) } else { None },
@@ -831,7 +831,7 @@ pub struct ExportedEntry {
     #[serde(rename = "device-filter")]
     pub device_filter: String,
     /// `all` or indices.
-    pub devices: serde_yaml::Value,
+    pub devices: serde_json::Value,
     /// MIG mode.
     #[serde(rename = "mig-enabled")]
     pub mig_enabled: bool,
@@ -843,6 +843,6 @@ pub struct ExportedEntry {
 impl ExportedConfig {
     /// YAML text.
     pub fn to_yaml(&self) -> String {
-        serde_yaml::to_string(self).unwrap_or_default()
+        serde_saphyr::to_string(self).unwrap_or_default()
     }
 }

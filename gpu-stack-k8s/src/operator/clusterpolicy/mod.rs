@@ -846,7 +846,7 @@ mod tests;
 
 /// The ClusterPolicy CRD as YAML, generated from these types (what
 /// `gpu-stack crdgen` prints and `deploy/crds/nvidia.com_clusterpolicies.yaml` holds).
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     use kube::CustomResourceExt;
-    serde_yaml::to_string(&ClusterPolicy::crd())
+    serde_saphyr::to_string(&ClusterPolicy::crd())
 }

@@ -98,7 +98,7 @@ spec:
 
 #[test]
 fn nvidia_policy_deserializes_and_round_trips_unknown_fields() {
-    let cp: ClusterPolicy = serde_yaml::from_str(NVIDIA_POLICY).unwrap();
+    let cp: ClusterPolicy = gpu_stack_core::yaml_guard::from_str(NVIDIA_POLICY).unwrap();
     assert_eq!(cp.spec.driver_request().version, "570.124.06");
     assert!(cp.spec.extra.contains_key("sandboxWorkloads"));
     let back = serde_json::to_value(&cp).unwrap();
@@ -118,7 +118,7 @@ fn nvidia_policy_deserializes_and_round_trips_unknown_fields() {
 
 #[test]
 fn unsupported_fields_are_listed_not_dropped() {
-    let cp: ClusterPolicy = serde_yaml::from_str(NVIDIA_POLICY).unwrap();
+    let cp: ClusterPolicy = gpu_stack_core::yaml_guard::from_str(NVIDIA_POLICY).unwrap();
     let u = cp.spec.unsupported_fields();
     for want in [
         "spec.sandboxWorkloads",
