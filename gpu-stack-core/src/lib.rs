@@ -32,6 +32,7 @@
 //! ```
 //!
 //! A longer program: `examples/check_layout.rs` (`cargo run -p gpu-stack-examples --example check_layout`).
+#![forbid(unsafe_code)]
 pub mod backend;
 pub mod catalog;
 pub mod cdi;

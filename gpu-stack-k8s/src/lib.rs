@@ -28,6 +28,7 @@
 //! assert!(crd.contains("clusterpolicies.nvidia.com"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![forbid(unsafe_code)]
 pub mod demo;
 pub mod deviceplugin;
 pub mod exporter;

@@ -2,6 +2,7 @@
 //! the kubelet (device plugin API v1beta1), keeps device health current, and
 //! writes the node's CDI spec. Flags, environment and config file follow
 //! NVIDIA's k8s-device-plugin (flag > env > file).
+#![forbid(unsafe_code)]
 use std::path::PathBuf;
 
 use anyhow::Result;

@@ -4,6 +4,7 @@
 //! `-c/--collect-interval`, the same environment variables) so its Helm values
 //! and ServiceMonitors work unchanged. Exit codes: 2 bad flags or counters file,
 //! 3 the listen address cannot be bound, 4 the GPUs cannot be listed.
+#![forbid(unsafe_code)]
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};

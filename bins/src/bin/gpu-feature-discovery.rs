@@ -1,6 +1,7 @@
 //! `gpu-feature-discovery`: computes NVIDIA's GFD node labels from the node's
 //! GPUs and publishes them: printed (`-o json`), as an NFD feature file
 //! (`--output-file`), and/or patched onto the Node (`--publish`).
+#![forbid(unsafe_code)]
 use std::path::PathBuf;
 
 use anyhow::Result;

@@ -3,6 +3,7 @@
 //!
 //! Thin main: flags, logging, signals; the process loop is
 //! `gpu_stack_k8s::migmanager::agent::run`.
+#![forbid(unsafe_code)]
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;

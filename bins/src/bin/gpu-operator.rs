@@ -2,6 +2,7 @@
 //!
 //! Thin main: flags, logging, signals; the process itself is
 //! `gpu_stack_k8s::controller::runner::run`.
+#![forbid(unsafe_code)]
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;

@@ -1,5 +1,6 @@
 //! `gpu-stack`: MIG planning, GPU inventory, the embedded demo, and the
 //! validator and node status exporter of the operator's validator image.
+#![forbid(unsafe_code)]
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

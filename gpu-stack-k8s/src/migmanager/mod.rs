@@ -297,6 +297,7 @@ pub async fn reconcile_on<A: NodeApi>(
     reconcile_with(api, gpu, config, opts).await
 }
 
+#[tracing::instrument(level = "debug", name = "mig_pass", skip_all, fields(node = %opts.node))]
 async fn reconcile_with<A: NodeApi, G: PassGpu>(
     api: &A,
     gpu: &G,

@@ -477,6 +477,7 @@ impl ToolkitConfig {
     }
 
     /// Plans and applies in one step.
+    #[tracing::instrument(level = "debug", name = "toolkit_pass", skip_all)]
     pub async fn configure(&self) -> Result<Outcome, ToolkitError> {
         let plan = self.plan().await?;
         self.apply(&plan).await

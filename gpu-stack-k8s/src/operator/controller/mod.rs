@@ -189,6 +189,7 @@ pub struct PassFailed<E: std::error::Error + 'static> {
     source: E,
 }
 
+#[tracing::instrument(level = "debug", name = "policy_pass", skip_all, fields(policy = %policy.name_any()))]
 async fn reconcile<P: Pass>(
     policy: Arc<ClusterPolicy>,
     ctx: Arc<Ctx<P>>,
