@@ -145,6 +145,14 @@ fn drop_in_header(opts: &RuntimeOptions) -> String {
     )
 }
 
+/// Whether `main` has a top-level `imports` key (so removing our entry must
+/// keep the key), decided before [`add_import`] edits it. A file that does not
+/// parse has none.
+pub fn has_imports(main: Option<&str>) -> bool {
+    main.and_then(|m| m.parse::<toml_edit::DocumentMut>().ok())
+        .is_some_and(|d| d.contains_key("imports"))
+}
+
 /// `main` with `import` (an absolute path, our drop-in file) added to
 /// `imports`; Ok(None) when `main` already imports it, exactly or through a
 /// glob entry that matches it (`*` and `?` in the last path component). With
@@ -1280,5 +1288,13 @@ mod tests {
             let err = render_drop_in(Some(main), &opts).unwrap_err().to_string();
             assert!(err.contains(want), "{err}");
         }
+    }
+
+    #[test]
+    fn has_imports_sees_only_a_top_level_key() {
+        assert!(!has_imports(None));
+        assert!(!has_imports(Some("version = 2\n")));
+        assert!(has_imports(Some("version = 2\nimports = []\n")));
+        assert!(!has_imports(Some("[plugins]\nimports = [\"x\"]\n")));
     }
 }

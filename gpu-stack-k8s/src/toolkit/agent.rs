@@ -42,6 +42,28 @@ pub enum RestartMode {
     None,
 }
 
+impl std::str::FromStr for RestartMode {
+    type Err = String;
+
+    /// NVIDIA's `CONTAINERD_RESTART_MODE` values: `signal` and `none`;
+    /// `systemd` is refused with what to use instead.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "signal" => Ok(RestartMode::Signal),
+            "none" => Ok(RestartMode::None),
+            "systemd" => Err(
+                "`systemd` is not supported: use `signal` (the runtime's systemd \
+                 unit, Restart=always, starts it again) or `none`"
+                    .into(),
+            ),
+            other => Err(format!(
+                "unknown restart mode {:?}: use `signal` or `none`",
+                gpu_stack_core::echo::clipped(other).to_string()
+            )),
+        }
+    }
+}
+
 /// The agent's settings.
 #[derive(Debug, Clone)]
 pub struct ToolkitConfig {
@@ -330,7 +352,7 @@ impl ToolkitConfig {
                     };
                     record = Some(Record {
                         main_config: target.main_config.clone(),
-                        added_key: !main.as_deref().is_some_and(has_imports_key),
+                        added_key: !containerd::has_imports(main.as_deref()),
                         original,
                         written: edited.clone(),
                         import: target.drop_in.clone(),
@@ -537,11 +559,6 @@ impl ToolkitConfig {
         }
         Ok(out)
     }
-}
-
-fn has_imports_key(main: &str) -> bool {
-    main.parse::<toml_edit::DocumentMut>()
-        .is_ok_and(|d| d.contains_key("imports"))
 }
 
 #[cfg(test)]
@@ -781,5 +798,15 @@ pub(crate) mod tests {
                 .join("etc/crio/crio.conf.d/99-gpu-stack.toml")
                 .exists()
         );
+    }
+
+    #[test]
+    fn restart_modes_parse_and_refusals_say_what_to_use() {
+        assert_eq!("signal".parse::<RestartMode>(), Ok(RestartMode::Signal));
+        assert_eq!("none".parse::<RestartMode>(), Ok(RestartMode::None));
+        for bad in ["systemd", "reboot"] {
+            let err = bad.parse::<RestartMode>().unwrap_err();
+            assert!(err.contains("signal") && err.contains("none"), "{err}");
+        }
     }
 }
