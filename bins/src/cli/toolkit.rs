@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use gpu_stack_core::cdi::node_spec;
 use gpu_stack_core::toolkit::RuntimeOptions;
 use gpu_stack_k8s::deviceplugin::cdi::{DEFAULT_CDI_DIR, discover_host_files, write_spec};
@@ -81,7 +81,7 @@ pub struct Args {
         env = "CONTAINERD_RESTART_MODE",
         default_value = "signal"
     )]
-    restart_mode: String,
+    restart_mode: RestartMode,
     /// Seconds a restarted runtime may take to serve again before the change is rolled back.
     #[arg(long, default_value_t = 60)]
     restart_timeout_seconds: u64,
@@ -135,20 +135,8 @@ pub struct Args {
     log_format: LogFormat,
 }
 
-fn config(args: &Args) -> Result<ToolkitConfig> {
-    let restart = match args.restart_mode.as_str() {
-        "signal" => RestartMode::Signal,
-        "none" => RestartMode::None,
-        "systemd" => bail!(
-            "CONTAINERD_RESTART_MODE=systemd is not supported: use `signal` (the runtime's \
-             systemd unit, Restart=always, starts it again) or `none`"
-        ),
-        other => bail!(
-            "unknown restart mode {:?} (CONTAINERD_RESTART_MODE / --restart-mode): use `signal` or `none`",
-            other.chars().take(40).collect::<String>()
-        ),
-    };
-    Ok(ToolkitConfig {
+fn config(args: &Args) -> ToolkitConfig {
+    ToolkitConfig {
         host_root: args.host_root.clone(),
         runtime: match args.runtime {
             Runtime::Containerd => RuntimeKind::Containerd,
@@ -161,9 +149,9 @@ fn config(args: &Args) -> Result<ToolkitConfig> {
             cdi_spec_dirs: args.cdi_spec_dirs.clone(),
             runtime_handler: (!args.no_runtime_handler).then(|| args.runtime_class.clone()),
         },
-        restart,
+        restart: args.restart_mode,
         restart_timeout: Duration::from_secs(args.restart_timeout_seconds.max(1)),
-    })
+    }
 }
 
 async fn write_host_cdi_spec(args: &Args) -> Result<()> {
@@ -244,7 +232,7 @@ async fn removal_wanted(watched: Option<(kube::Client, PodIdentity, RemovalWatch
 pub fn run(args: Args) -> Result<ExitCode> {
     init_logging(args.log_format);
     Ok(run_main(async move {
-        let cfg = config(&args)?;
+        let cfg = config(&args);
         if args.dry_run {
             let plan = cfg.plan().await?;
             let diff = plan.diff();

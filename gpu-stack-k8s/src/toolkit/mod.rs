@@ -21,6 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Api, Client};
 
 pub use agent::{Outcome, Plan, RestartMode, RuntimeKind, ToolkitConfig, ToolkitError};
@@ -94,25 +95,31 @@ pub async fn component_removed(client: &Client, who: &PodIdentity) -> Result<boo
         return Ok(true);
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &who.namespace);
-    let Some(pod) = pods.get_opt(&who.name).await? else {
-        return Ok(false);
-    };
-    let owner = pod
-        .metadata
-        .owner_references
-        .unwrap_or_default()
-        .into_iter()
-        .find(|o| o.kind == "DaemonSet");
-    let Some(owner) = owner else {
+    let Some(owner) = pods.get_opt(&who.name).await?.and_then(owner_daemonset) else {
         return Ok(false);
     };
     let sets: Api<DaemonSet> = Api::namespaced(client.clone(), &who.namespace);
-    Ok(match sets.get_opt(&owner.name).await? {
-        None => true,
-        Some(ds) => {
-            ds.metadata.deletion_timestamp.is_some()
-                || ds.metadata.uid.as_deref() != Some(owner.uid.as_str())
-        }
+    Ok(daemonset_leaving(
+        sets.get_opt(&owner.name).await?.as_ref(),
+        &owner,
+    ))
+}
+
+/// The DaemonSet that owns `pod`, if any.
+fn owner_daemonset(pod: Pod) -> Option<OwnerReference> {
+    pod.metadata
+        .owner_references
+        .unwrap_or_default()
+        .into_iter()
+        .find(|o| o.kind == "DaemonSet")
+}
+
+/// Whether the pod's DaemonSet is going: gone, being deleted, or replaced by
+/// another of the same name (a new uid).
+fn daemonset_leaving(now: Option<&DaemonSet>, owner: &OwnerReference) -> bool {
+    now.is_none_or(|ds| {
+        ds.metadata.deletion_timestamp.is_some()
+            || ds.metadata.uid.as_deref() != Some(owner.uid.as_str())
     })
 }
 
@@ -130,14 +137,7 @@ impl RemovalWatch {
     /// Finds the pod's DaemonSet and watches it and the Node.
     pub async fn start(client: &Client, who: &PodIdentity) -> Result<Self, kube::Error> {
         let pods: Api<Pod> = Api::namespaced(client.clone(), &who.namespace);
-        let owner = pods
-            .get(&who.name)
-            .await?
-            .metadata
-            .owner_references
-            .unwrap_or_default()
-            .into_iter()
-            .find(|o| o.kind == "DaemonSet");
+        let owner = owner_daemonset(pods.get(&who.name).await?);
         let state = Self::default();
         if let Some(owner) = owner {
             let sets: Api<DaemonSet> = Api::namespaced(client.clone(), &who.namespace);
@@ -151,11 +151,7 @@ impl RemovalWatch {
                     match event {
                         Ok(watcher::Event::Apply(ds) | watcher::Event::InitApply(ds)) => {
                             seen = true;
-                            let replaced = ds.metadata.uid.as_deref() != Some(owner.uid.as_str());
-                            gone.store(
-                                ds.metadata.deletion_timestamp.is_some() || replaced,
-                                Ordering::SeqCst,
-                            );
+                            gone.store(daemonset_leaving(Some(&ds), &owner), Ordering::SeqCst);
                         }
                         Ok(watcher::Event::Delete(_)) => gone.store(true, Ordering::SeqCst),
                         Ok(watcher::Event::Init) => seen = false,
@@ -236,6 +232,42 @@ fn log_outcome(out: &Outcome, took: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_daemonset_is_leaving_when_gone_deleting_or_replaced() {
+        let owner = OwnerReference {
+            kind: "DaemonSet".into(),
+            name: "tk".into(),
+            uid: "u1".into(),
+            ..Default::default()
+        };
+        let ds = |uid: &str, deleting: bool| DaemonSet {
+            metadata: kube::api::ObjectMeta {
+                uid: Some(uid.into()),
+                deletion_timestamp: deleting.then(|| {
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default())
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(daemonset_leaving(None, &owner));
+        assert!(daemonset_leaving(Some(&ds("u1", true)), &owner));
+        assert!(daemonset_leaving(Some(&ds("u2", false)), &owner));
+        assert!(
+            !daemonset_leaving(Some(&ds("u1", false)), &owner),
+            "a rolling update keeps it"
+        );
+        let pod = Pod {
+            metadata: kube::api::ObjectMeta {
+                owner_references: Some(vec![owner.clone()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(owner_daemonset(pod).map(|o| o.uid), Some("u1".to_string()));
+        assert!(owner_daemonset(Pod::default()).is_none());
+    }
 
     #[test]
     fn host_paths_follow_the_hosts_symlinks_inside_the_root() {
