@@ -255,6 +255,39 @@ pub fn node_spec(gpus: &NodeGpus, host: &HostFiles) -> Spec {
     }
 }
 
+/// What makes `spec` unusable as the node's host spec for the toolkit
+/// check: the wrong kind, no GPU device, or device nodes `exists` does not
+/// find on the host (listed once each, capped). Empty when it is usable.
+pub fn host_spec_problems(spec: &Spec, exists: &dyn Fn(&str) -> bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    if spec.kind != KIND {
+        problems.push(format!(
+            "it is of kind {:?}, not {KIND}",
+            crate::echo::clipped(&spec.kind).to_string()
+        ));
+    }
+    if !spec.devices.iter().any(|d| d.name != "all") {
+        problems.push("it names no GPU".into());
+    }
+    let missing: Vec<&str> = spec
+        .devices
+        .iter()
+        .flat_map(|d| &d.container_edits.device_nodes)
+        .chain(&spec.container_edits.device_nodes)
+        .map(|n| n.host_path.as_str())
+        .filter(|p| !exists(p))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !missing.is_empty() {
+        problems.push(format!(
+            "device nodes missing on the host: {}",
+            crate::echo::join_capped(&missing)
+        ));
+    }
+    problems
+}
+
 /// Renders the spec as YAML (for people; files are written as JSON).
 pub fn to_yaml(spec: &Spec) -> Result<String, serde_saphyr::SerializeError> {
     serde_saphyr::to_string(spec)
@@ -431,5 +464,42 @@ containerEdits:
     fn no_gpus_no_all_device() {
         let spec = node_spec(&NodeGpus::default(), &HostFiles::default());
         assert!(spec.devices.is_empty());
+    }
+
+    #[test]
+    fn host_spec_problems_name_kind_devices_and_missing_nodes() {
+        let node = NodeGpus {
+            gpus: vec![Gpu {
+                uuid: "GPU-0".into(),
+                ..Default::default()
+            }],
+            ..NodeGpus::default()
+        };
+        let host = HostFiles {
+            driver_root: "/".into(),
+            dev_root: "/".into(),
+            hook_path: "/usr/bin/nvidia-cdi-hook".into(),
+            control_nodes: vec!["/dev/nvidiactl".into()],
+            driver_files: Vec::new(),
+        };
+        let spec = node_spec(&node, &host);
+        assert!(host_spec_problems(&spec, &|_| true).is_empty());
+        let missing = host_spec_problems(&spec, &|p| p != "/dev/nvidiactl");
+        assert_eq!(missing.len(), 1);
+        assert!(missing[0].contains("/dev/nvidiactl"), "{missing:?}");
+        let other = Spec {
+            kind: "example.com/x".into(),
+            devices: Vec::new(),
+            ..spec
+        };
+        let problems = host_spec_problems(&other, &|_| true);
+        assert!(
+            problems.iter().any(|p| p.contains("example.com/x")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("no GPU")),
+            "{problems:?}"
+        );
     }
 }

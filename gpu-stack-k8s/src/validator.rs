@@ -188,35 +188,11 @@ pub async fn check_runtime(check: &RuntimeCheck) -> Result<ReadyFile, ValidatorE
                 "the CDI spec {} does not parse: {e}",
                 check.cdi_spec
             )),
-            Ok(spec) => {
-                if spec.kind != gpu_stack_core::cdi::KIND {
-                    problems.push(format!(
-                        "the CDI spec {} is of kind {:?}, not {}",
-                        check.cdi_spec,
-                        gpu_stack_core::echo::clipped(&spec.kind).to_string(),
-                        gpu_stack_core::cdi::KIND
-                    ));
-                }
-                if !spec.devices.iter().any(|d| d.name != "all") {
-                    problems.push(format!("the CDI spec {} names no GPU", check.cdi_spec));
-                }
-                let missing: Vec<String> = spec
-                    .devices
-                    .iter()
-                    .flat_map(|d| &d.container_edits.device_nodes)
-                    .chain(&spec.container_edits.device_nodes)
-                    .map(|n| n.host_path.clone())
-                    .filter(|p| !host(p).exists())
-                    .collect::<BTreeSet<_>>()
+            Ok(spec) => problems.extend(
+                gpu_stack_core::cdi::host_spec_problems(&spec, &|p: &str| host(p).exists())
                     .into_iter()
-                    .collect();
-                if !missing.is_empty() {
-                    problems.push(format!(
-                        "device nodes of the CDI spec missing on the host: {}",
-                        gpu_stack_core::echo::join_capped(&missing)
-                    ));
-                }
-            }
+                    .map(|p| format!("the CDI spec {}: {p}", check.cdi_spec)),
+            ),
         },
     }
     let dir = match check.cdi_spec.rsplit_once('/') {
