@@ -321,9 +321,13 @@ fn contract(h: &Harness) {
         in_range(l, "memory utilisation", &t.mem_copy_util_pct, 0, 100);
         in_range(l, "encoder", &t.enc_util_pct, 0, 100);
         in_range(l, "decoder", &t.dec_util_pct, 0, 100);
-        in_range(l, "graphics active", &t.gr_engine_active, 0.0, 1.0);
-        in_range(l, "tensor active", &t.tensor_active, 0.0, 1.0);
-        in_range(l, "DRAM active", &t.dram_active, 0.0, 1.0);
+        if let Some(p) = t.profiling.value() {
+            for (name, v) in p.ratios() {
+                if let Some(v) = v {
+                    assert!((0.0..=1.0).contains(&v), "{l}: {name} = {v}");
+                }
+            }
+        }
         assert!(
             t.sm_clock_mhz.value().is_some(),
             "{l}: SM clock is always there"

@@ -38,10 +38,18 @@ proptest! {
         if let (Some(a), Some(b)) = (t.nvlink_total_kib.value(), next.nvlink_total_kib.value()) {
             prop_assert!(b >= a);
         }
-        for r in [&t.gr_engine_active, &t.tensor_active, &t.dram_active] {
-            if let Some(v) = r.value() {
-                prop_assert!((0.0..=1.0).contains(v));
+        if let Some(p) = t.profiling.value() {
+            for (name, v) in p.ratios() {
+                let v = v.unwrap();
+                prop_assert!((0.0..=1.0).contains(&v), "{} = {}", name, v);
             }
+            prop_assert!(p.sm_occupancy <= p.sm_active);
+        }
+        if let (Some(links), Some(total)) = (t.nvlink_link_kib.value(), t.nvlink_total_kib.value()) {
+            prop_assert_eq!(links.iter().sum::<u64>(), *total);
+        }
+        if let (Some(a), Some(b)) = (t.violations.value(), next.violations.value()) {
+            prop_assert!(b.power_ns >= a.power_ns && b.thermal_ns >= a.thermal_ns);
         }
     }
 

@@ -48,6 +48,23 @@ pub enum Fault {
     },
     /// The GPU falls off the bus: Xid 79, a GPU-lost event, then every call fails.
     FallOffBus,
+    /// The GPU is held at `temp-c` °C from then on (cooling failure): thermal
+    /// clock events and thermal violation time follow.
+    Overheat {
+        /// Temperature in °C.
+        #[serde(rename = "temp-c")]
+        temp_c: u32,
+    },
+    /// ECC errors are counted (volatile and aggregate totals grow); a
+    /// double-bit error also raises Xid 48, as the driver does.
+    EccErrors {
+        /// Corrected errors to add.
+        #[serde(default, rename = "single-bit")]
+        single_bit: u64,
+        /// Uncorrected errors to add.
+        #[serde(default, rename = "double-bit")]
+        double_bit: u64,
+    },
     /// Calls of a class start failing with `error`.
     FailCalls {
         /// Which calls.

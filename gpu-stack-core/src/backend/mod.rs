@@ -18,8 +18,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 mod faults;
+mod telemetry;
 
 pub use faults::{CallClass, Fault, FaultError, FaultSpec};
+pub use telemetry::*;
 
 /// Why a backend call failed. The variants mirror the NVML return codes an agent
 /// has to react to differently; everything else is [`BackendError::Other`].
@@ -296,163 +298,6 @@ pub struct MigState {
     pub gpu_instances: Vec<GpuInstance>,
 }
 
-/// One telemetry field: a value, "this GPU does not have it", or a read error.
-/// Exporters omit unsupported series instead of printing sentinels.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reading<T> {
-    /// The value read.
-    Value(T),
-    /// The device or driver does not provide this field.
-    NotSupported,
-    /// Reading failed; the message says why.
-    Error(String),
-}
-
-impl<T> Reading<T> {
-    /// The value, if there is one.
-    pub fn value(&self) -> Option<&T> {
-        match self {
-            Reading::Value(v) => Some(v),
-            _ => None,
-        }
-    }
-
-    /// True for [`Reading::NotSupported`].
-    pub fn is_not_supported(&self) -> bool {
-        matches!(self, Reading::NotSupported)
-    }
-
-    /// Applies `f` to a value, keeping the other cases.
-    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Reading<U> {
-        match self {
-            Reading::Value(v) => Reading::Value(f(v)),
-            Reading::NotSupported => Reading::NotSupported,
-            Reading::Error(e) => Reading::Error(e),
-        }
-    }
-}
-
-/// Framebuffer memory in bytes. Invariant: `used + free + reserved == total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FbMemory {
-    /// Total memory.
-    pub total: u64,
-    /// Memory in use by processes and the driver's per-context allocations.
-    pub used: u64,
-    /// Memory free for allocation.
-    pub free: u64,
-    /// Memory reserved by the driver and firmware.
-    pub reserved: u64,
-}
-
-impl FbMemory {
-    /// Whether the parts add up to the total.
-    pub fn is_consistent(&self) -> bool {
-        self.used
-            .checked_add(self.free)
-            .and_then(|s| s.checked_add(self.reserved))
-            == Some(self.total)
-    }
-}
-
-/// Row-remapping counters (HBM GPUs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemappedRows {
-    /// Rows remapped for correctable errors.
-    pub correctable: u32,
-    /// Rows remapped for uncorrectable errors.
-    pub uncorrectable: u32,
-    /// A remapping waits for the next reset.
-    pub pending: bool,
-    /// A remapping failed.
-    pub failed: bool,
-}
-
-/// One telemetry sample of a whole GPU: the fields of the DCGM default counter
-/// set. Units are NVML's; exporters convert (W = mW / 1000, MiB = bytes / 2^20).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuTelemetry {
-    /// GPU index.
-    pub gpu: u32,
-    /// SM clock in MHz.
-    pub sm_clock_mhz: Reading<u32>,
-    /// Memory clock in MHz.
-    pub mem_clock_mhz: Reading<u32>,
-    /// GPU temperature in °C.
-    pub gpu_temp_c: Reading<u32>,
-    /// Memory (HBM) temperature in °C.
-    pub memory_temp_c: Reading<u32>,
-    /// Power draw in mW.
-    pub power_usage_mw: Reading<u32>,
-    /// Energy since driver load in mJ (monotonic).
-    pub total_energy_mj: Reading<u64>,
-    /// PCIe replay count (monotonic).
-    pub pcie_replay_count: Reading<u64>,
-    /// GPU utilisation in percent.
-    pub gpu_util_pct: Reading<u32>,
-    /// Memory-copy utilisation in percent.
-    pub mem_copy_util_pct: Reading<u32>,
-    /// Encoder utilisation in percent.
-    pub enc_util_pct: Reading<u32>,
-    /// Decoder utilisation in percent.
-    pub dec_util_pct: Reading<u32>,
-    /// Framebuffer memory.
-    pub fb_memory: Reading<FbMemory>,
-    /// NVLink data moved over all links, TX + RX, in KiB since driver load (monotonic).
-    pub nvlink_total_kib: Reading<u64>,
-    /// Row remapping.
-    pub remapped_rows: Reading<RemappedRows>,
-    /// PCIe transmit throughput in KiB/s.
-    pub pcie_tx_kib_per_s: Reading<u32>,
-    /// PCIe receive throughput in KiB/s.
-    pub pcie_rx_kib_per_s: Reading<u32>,
-    /// Ratio (0..=1) of time the graphics/compute engine was active.
-    pub gr_engine_active: Reading<f64>,
-    /// Ratio (0..=1) of cycles the tensor pipes were active.
-    pub tensor_active: Reading<f64>,
-    /// Ratio (0..=1) of cycles the memory interface was active.
-    pub dram_active: Reading<f64>,
-    /// The last Xid seen on this GPU, 0 when none.
-    pub last_xid: Reading<u64>,
-}
-
-/// A compute process on a GPU as the driver lists it. On a MIG-enabled GPU it
-/// names the GPU instance and compute instance (the MIG device) it runs on, so
-/// a MIG change can tell which instances are busy.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct GpuProcess {
-    /// Process id (in the host's PID namespace).
-    pub pid: u32,
-    /// GPU memory the process uses in bytes; `None` when the driver does not say
-    /// (e.g. unprivileged callers, some virtualised setups).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub used_memory_bytes: Option<u64>,
-    /// GPU-instance id on a MIG-enabled GPU; `None` when MIG is off.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_instance_id: Option<u32>,
-    /// Compute-instance id on a MIG-enabled GPU; `None` when MIG is off.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compute_instance_id: Option<u32>,
-}
-
-/// One telemetry sample of a MIG GPU instance.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MigTelemetry {
-    /// Parent GPU index.
-    pub gpu: u32,
-    /// GPU-instance id.
-    pub gpu_instance_id: u32,
-    /// Framebuffer memory of the instance.
-    pub fb_memory: Reading<FbMemory>,
-    /// Ratio (0..=1) of time the instance's engines were active.
-    pub gr_engine_active: Reading<f64>,
-    /// Ratio (0..=1) of cycles its tensor pipes were active.
-    pub tensor_active: Reading<f64>,
-    /// Ratio (0..=1) of cycles its memory interface was active.
-    pub dram_active: Reading<f64>,
-}
-
 /// What happened to a GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -626,6 +471,23 @@ pub trait GpuBackend: Send + Sync {
 
     /// Subscribes to Xid and GPU-lost events of every GPU.
     fn health_events(&self) -> Result<Box<dyn HealthEvents>, BackendError>;
+
+    /// Brand, serial, VBIOS and inforom versions of a GPU (read once, printed
+    /// as labels). The default reports none.
+    fn device_strings(&self, gpu: u32) -> Result<DeviceStrings, BackendError> {
+        let _ = gpu;
+        Ok(DeviceStrings::default())
+    }
+
+    /// Whether `gpu` reaches `peer` peer to peer over NVLink. The default
+    /// answers `NotSupported`.
+    fn p2p_status(&self, gpu: u32, peer: u32) -> Result<P2pStatus, BackendError> {
+        let _ = peer;
+        Err(BackendError::NotSupported {
+            gpu,
+            operation: "NVLink peer-to-peer status".into(),
+        })
+    }
 
     /// Holds off every other MIG apply on this node (in any process) until the
     /// returned lock drops, waiting while another one holds it, so two applies

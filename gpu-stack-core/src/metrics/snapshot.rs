@@ -3,7 +3,9 @@
 //! up only as its GPU instances, with GPU-level fields repeated on each), and
 //! the list of read errors for the exporter's own error counters.
 
-use crate::backend::{FbMemory, GpuInfo, GpuInstance, GpuTelemetry, MigTelemetry, Reading};
+use crate::backend::{
+    FbMemory, GpuInfo, GpuInstance, GpuTelemetry, MigTelemetry, Profiling, Reading,
+};
 
 use super::catalog::Field;
 use super::format::Value;
@@ -91,6 +93,21 @@ fn int(v: impl Into<i64>) -> Value {
 
 fn int_u64(v: u64) -> Value {
     Value::Int(i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+/// Sets the profiling ratios an entity has (GPM gives them per GPU and per GPU
+/// instance).
+fn set_profiling(sample: &mut EntitySample, p: &Profiling) {
+    let ratios = [
+        (Field::ProfGrEngineActive, p.gr_engine_active),
+        (Field::ProfPipeTensorActive, p.tensor_active),
+        (Field::ProfDramActive, p.dram_active),
+    ];
+    for (field, v) in ratios {
+        if let Some(v) = v {
+            sample.set(field, Value::Double(v));
+        }
+    }
 }
 
 /// Fills the GPU-level fields of `sample` (everything but utilizations, FB and
@@ -184,14 +201,8 @@ pub fn gpu_samples(round: GpuRound<'_>, errors: &mut Vec<ReadError>) -> Vec<Enti
         }
         let fb = sink.take("memory_info", &t.fb_memory);
         set_fb(&mut s, fb);
-        if let Some(v) = sink.take("gr_engine_active", &t.gr_engine_active) {
-            s.set(Field::ProfGrEngineActive, Value::Double(v));
-        }
-        if let Some(v) = sink.take("tensor_active", &t.tensor_active) {
-            s.set(Field::ProfPipeTensorActive, Value::Double(v));
-        }
-        if let Some(v) = sink.take("dram_active", &t.dram_active) {
-            s.set(Field::ProfDramActive, Value::Double(v));
+        if let Some(p) = sink.take("gpm_metrics", &t.profiling) {
+            set_profiling(&mut s, &p);
         }
         return vec![s];
     };
@@ -212,14 +223,8 @@ pub fn gpu_samples(round: GpuRound<'_>, errors: &mut Vec<ReadError>) -> Vec<Enti
         if let Some(m) = tel.iter().find(|m| m.gpu_instance_id == gi.id) {
             let fb = sink.take("mig_memory_info", &m.fb_memory);
             set_fb(&mut s, fb);
-            if let Some(v) = sink.take("mig_gr_engine_active", &m.gr_engine_active) {
-                s.set(Field::ProfGrEngineActive, Value::Double(v));
-            }
-            if let Some(v) = sink.take("mig_tensor_active", &m.tensor_active) {
-                s.set(Field::ProfPipeTensorActive, Value::Double(v));
-            }
-            if let Some(v) = sink.take("mig_dram_active", &m.dram_active) {
-                s.set(Field::ProfDramActive, Value::Double(v));
+            if let Some(p) = sink.take("mig_gpm_metrics", &m.profiling) {
+                set_profiling(&mut s, &p);
             }
         }
         out.push(s);
@@ -281,10 +286,14 @@ mod tests {
             }),
             pcie_tx_kib_per_s: Reading::Value(2),
             pcie_rx_kib_per_s: Reading::Value(3),
-            gr_engine_active: Reading::NotSupported,
-            tensor_active: Reading::NotSupported,
-            dram_active: Reading::Error("timeout".into()),
+            profiling: Reading::Error("timeout".into()),
             last_xid: Reading::Value(0),
+            violations: Reading::NotSupported,
+            ecc_errors: Reading::NotSupported,
+            retired_pages: Reading::NotSupported,
+            nvlink_errors: Reading::NotSupported,
+            nvlink_link_kib: Reading::NotSupported,
+            clocks_event_reasons: Reading::NotSupported,
         }
     }
 
@@ -330,7 +339,7 @@ mod tests {
         assert_eq!(s.get(Field::NvlinkBandwidthTotal), None);
         assert_eq!(s.identity.device, "nvidia2");
         assert_eq!(errors.len(), 1);
-        assert_eq!(errors[0].call, "dram_active");
+        assert_eq!(errors[0].call, "gpm_metrics");
     }
 
     #[test]
@@ -346,9 +355,10 @@ mod tests {
                 free: 4851 * MIB,
                 reserved: 0,
             }),
-            gr_engine_active: Reading::Value(0.25),
-            tensor_active: Reading::NotSupported,
-            dram_active: Reading::NotSupported,
+            profiling: Reading::Value(Profiling {
+                gr_engine_active: Some(0.25),
+                ..Profiling::default()
+            }),
         }];
         let mut errors = Vec::new();
         let round = GpuRound {

@@ -688,10 +688,14 @@ impl GpuBackend for NvmlBackend {
                     .map_err(m("PCIe RX throughput")),
             )?,
             // Profiling ratios need GPM sampling over an interval; not read here.
-            gr_engine_active: Reading::NotSupported,
-            tensor_active: Reading::NotSupported,
-            dram_active: Reading::NotSupported,
+            profiling: Reading::NotSupported,
             last_xid,
+            violations: Reading::NotSupported,
+            ecc_errors: Reading::NotSupported,
+            retired_pages: Reading::NotSupported,
+            nvlink_errors: Reading::NotSupported,
+            nvlink_link_kib: Reading::NotSupported,
+            clocks_event_reasons: Reading::NotSupported,
         })
     }
 
@@ -723,9 +727,7 @@ impl GpuBackend for NvmlBackend {
                 gpu,
                 gpu_instance_id: gi.id,
                 fb_memory: fb.remove(&gi.id).unwrap_or(Reading::NotSupported),
-                gr_engine_active: Reading::NotSupported,
-                tensor_active: Reading::NotSupported,
-                dram_active: Reading::NotSupported,
+                profiling: Reading::NotSupported,
             })
             .collect())
     }

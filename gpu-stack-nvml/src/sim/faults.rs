@@ -10,7 +10,7 @@ use gpu_stack_core::backend::{
 };
 
 use super::SimulatedBackend;
-use super::state::{NodeState, ScheduledFault};
+use super::state::{NodeState, Overheat, ScheduledFault};
 
 pub(super) fn fault_error(gpu: u32, class: CallClass, e: FaultError) -> BackendError {
     let operation = format!("{class:?} call (injected fault)").to_lowercase();
@@ -64,6 +64,26 @@ pub(super) fn advance(state: &mut NodeState, now_ms: u64) {
                     gpu.lost = true;
                     state.push_event(event(HealthEventKind::Xid { xid: 79 }, None));
                     state.push_event(event(HealthEventKind::GpuLost, None));
+                }
+                Fault::Overheat { temp_c } => {
+                    gpu.overheat = Some(Overheat {
+                        temp_c: *temp_c,
+                        since_ms: now_ms,
+                    });
+                }
+                Fault::EccErrors {
+                    single_bit,
+                    double_bit,
+                } => {
+                    let ecc = &mut gpu.ecc;
+                    ecc.sbe_volatile = ecc.sbe_volatile.saturating_add(*single_bit);
+                    ecc.sbe_aggregate = ecc.sbe_aggregate.saturating_add(*single_bit);
+                    ecc.dbe_volatile = ecc.dbe_volatile.saturating_add(*double_bit);
+                    ecc.dbe_aggregate = ecc.dbe_aggregate.saturating_add(*double_bit);
+                    if *double_bit > 0 {
+                        gpu.last_xid = 48;
+                        state.push_event(event(HealthEventKind::Xid { xid: 48 }, None));
+                    }
                 }
                 Fault::FailCalls { .. } | Fault::SlowCalls { .. } => {}
             }

@@ -156,6 +156,8 @@ pub(super) fn initial_state(spec: &SimNodeSpec) -> Result<NodeState, SimError> {
             in_use: false,
             lost: false,
             last_xid: 0,
+            overheat: None,
+            ecc: Default::default(),
             gpu_instances: gis,
             telemetry,
             processes,

@@ -8,7 +8,7 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use gpu_stack_core::backend::{BackendError, FaultSpec, HealthEvent, SimTelemetry};
+use gpu_stack_core::backend::{BackendError, EccErrors, FaultSpec, HealthEvent, SimTelemetry};
 use serde::{Deserialize, Serialize};
 
 /// Version of the state-file format; a file with another version is refused.
@@ -87,6 +87,12 @@ pub struct GpuState {
     pub lost: bool,
     /// Last Xid raised, 0 when none.
     pub last_xid: u64,
+    /// Held hot by an injected fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overheat: Option<Overheat>,
+    /// ECC error totals (raised by injected faults).
+    #[serde(default)]
+    pub ecc: EccErrors,
     /// GPU instances.
     pub gpu_instances: Vec<GiState>,
     /// Telemetry profile.
@@ -95,6 +101,15 @@ pub struct GpuState {
     /// processes existed read as none).
     #[serde(default)]
     pub processes: Vec<ProcState>,
+}
+
+/// An injected overheat: the temperature it holds, and since when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Overheat {
+    /// Temperature in °C.
+    pub temp_c: u32,
+    /// Simulation time it started, in milliseconds.
+    pub since_ms: u64,
 }
 
 /// A health event in the node's log.

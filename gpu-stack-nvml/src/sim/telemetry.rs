@@ -5,7 +5,10 @@
 //! the model, framebuffer parts add up to the total, and counters (energy,
 //! NVLink, PCIe replays) never go down.
 
-use gpu_stack_core::backend::{FbMemory, GpuTelemetry, MigTelemetry, Reading, RemappedRows};
+use gpu_stack_core::backend::{
+    FbMemory, GpuTelemetry, MigTelemetry, NvlinkErrors, Profiling, Reading, RemappedRows,
+    RetiredPages, Violations, clock_events,
+};
 use gpu_stack_core::catalog::{Architecture, GpuModel};
 
 use super::state::{GiState, GpuState};
@@ -35,6 +38,7 @@ struct Envelope {
     max_mw: u32,
     hbm: bool,
     nvlink: bool,
+    nvlink_links: u32,
     gpm: bool,
 }
 
@@ -61,6 +65,10 @@ fn envelope(model: &GpuModel) -> Envelope {
         max_mw,
         hbm,
         nvlink,
+        nvlink_links: match model.architecture {
+            Architecture::Ampere => 12,
+            _ => 18,
+        },
         gpm,
     }
 }
@@ -112,22 +120,16 @@ pub fn gpu_sample(model: &GpuModel, gpu: &GpuState, tick: u64) -> GpuTelemetry {
     let u = util(gpu, tick);
     let seed = t.seed;
     let sm = env.idle_sm_mhz + (env.max_sm_mhz - env.idle_sm_mhz) * u / 100;
-    let temp = 30 + u * 45 / 100 + (h(seed, gpu.index, 3, tick % PERIOD) % 3) as u32;
+    let temp = match gpu.overheat {
+        Some(o) => o.temp_c,
+        None => 30 + u * 45 / 100 + (h(seed, gpu.index, 3, tick % PERIOD) % 3) as u32,
+    };
     let total = model.memory_mib * MIB;
     let wobble = h(seed, gpu.index, 4, tick % PERIOD) % 3;
     let fb = fb_split(total, 6, u64::from(t.memory_used_pct), wobble);
     let pcie_tx = 1_000 + u * 2_000 + (h(seed, gpu.index, 5, tick % PERIOD) % 500) as u32;
     let pcie_rx = 2_000 + u * 3_000 + (h(seed, gpu.index, 6, tick % PERIOD) % 500) as u32;
     let nvlink_rate = 50_000 + h(seed, gpu.index, 7, 0) % 50_000;
-    let ratio = |field: u64, scale: f64| -> Reading<f64> {
-        if env.gpm {
-            let base = f64::from(u) / 100.0 * scale;
-            let j = (h(seed, gpu.index, field, tick % PERIOD) % 100) as f64 / 1000.0;
-            Reading::Value((base + j).clamp(0.0, 1.0))
-        } else {
-            Reading::NotSupported
-        }
-    };
     let if_hbm = |v: u32| {
         if env.hbm {
             Reading::Value(v)
@@ -166,11 +168,113 @@ pub fn gpu_sample(model: &GpuModel, gpu: &GpuState, tick: u64) -> GpuTelemetry {
         },
         pcie_tx_kib_per_s: Reading::Value(pcie_tx),
         pcie_rx_kib_per_s: Reading::Value(pcie_rx),
-        gr_engine_active: ratio(11, 0.9),
-        tensor_active: ratio(12, 0.5),
-        dram_active: ratio(13, 0.6),
+        profiling: profiling(&env, seed, gpu.index, u, tick, 11),
         last_xid: Reading::Value(gpu.last_xid),
+        violations: Reading::Value(violations(&env, gpu, tick)),
+        ecc_errors: if env.hbm {
+            Reading::Value(gpu.ecc)
+        } else {
+            Reading::NotSupported
+        },
+        // Ampere and newer remap rows instead of retiring pages.
+        retired_pages: if env.hbm {
+            Reading::NotSupported
+        } else {
+            Reading::Value(RetiredPages::default())
+        },
+        nvlink_errors: if env.nvlink {
+            Reading::Value(NvlinkErrors {
+                crc_flit: tick / 7_200 * (h(seed, gpu.index, 14, 0) % 2),
+                ..NvlinkErrors::default()
+            })
+        } else {
+            Reading::NotSupported
+        },
+        nvlink_link_kib: if env.nvlink {
+            Reading::Value(link_split(tick * nvlink_rate, env.nvlink_links))
+        } else {
+            Reading::NotSupported
+        },
+        clocks_event_reasons: Reading::Value(clock_events(gpu, u, temp)),
     }
+}
+
+/// Profiling ratios that follow utilisation, plus NVLink rates, on GPUs with
+/// GPM (Hopper and newer); `field` seeds the jitter so a GPU and each of its
+/// instances differ.
+fn profiling(
+    env: &Envelope,
+    seed: u64,
+    gpu: u32,
+    u: u32,
+    tick: u64,
+    field: u64,
+) -> Reading<Profiling> {
+    if !env.gpm {
+        return Reading::NotSupported;
+    }
+    let ratio = |k: u64, scale: f64| {
+        let base = f64::from(u) / 100.0 * scale;
+        let j = (h(seed, gpu, field * 16 + k, tick % PERIOD) % 100) as f64 / 1000.0;
+        Some((base + j).clamp(0.0, 1.0))
+    };
+    let sm_active = ratio(1, 0.95);
+    Reading::Value(Profiling {
+        gr_engine_active: ratio(0, 0.9),
+        // Occupancy cannot exceed the share of SMs that have a warp at all.
+        sm_occupancy: sm_active.map(|a| a * 0.6),
+        sm_active,
+        tensor_active: ratio(2, 0.5),
+        dram_active: ratio(3, 0.6),
+        fp64_active: ratio(4, 0.1),
+        fp32_active: ratio(5, 0.3),
+        fp16_active: ratio(6, 0.2),
+        nvlink_tx_bytes_per_s: env.nvlink.then(|| f64::from(u) * 1.0e9 / 100.0),
+        nvlink_rx_bytes_per_s: env.nvlink.then(|| f64::from(u) * 0.9e9 / 100.0),
+    })
+}
+
+/// Splits a total over `links` links, remainder on link 0, so the parts add up.
+fn link_split(total: u64, links: u32) -> Vec<u64> {
+    let n = u64::from(links.max(1));
+    let mut parts = vec![total / n; n as usize];
+    parts[0] += total % n;
+    parts
+}
+
+/// Throttling time so far (monotonic in `tick`): a tenth of the time power
+/// capped on a GPU configured near full load, all of it "low utilisation" on
+/// an idle one, and thermal time since an injected overheat.
+fn violations(env: &Envelope, gpu: &GpuState, tick: u64) -> Violations {
+    let tick_ms = gpu.telemetry.tick_ms.max(1);
+    let tick_ns = tick_ms * 1_000_000;
+    let load = gpu.telemetry.utilization_pct;
+    let power = if load >= 90 { tick * tick_ns / 10 } else { 0 };
+    let thermal = gpu.overheat.map_or(0, |o| {
+        (tick * tick_ms).saturating_sub(o.since_ms) * 1_000_000
+    });
+    Violations {
+        power_ns: Some(power),
+        thermal_ns: Some(thermal),
+        sync_boost_ns: Some(0),
+        board_limit_ns: Some(0),
+        low_util_ns: Some(if load < 5 { tick * tick_ns } else { 0 }),
+        reliability_ns: env.hbm.then_some(0),
+    }
+}
+
+fn clock_events(gpu: &GpuState, u: u32, temp: u32) -> u64 {
+    let mut mask = 0;
+    if u == 0 {
+        mask |= clock_events::GPU_IDLE;
+    }
+    if u >= 90 {
+        mask |= clock_events::SW_POWER_CAP;
+    }
+    if gpu.overheat.is_some() && temp >= 85 {
+        mask |= clock_events::SW_THERMAL | clock_events::HW_THERMAL;
+    }
+    mask
 }
 
 /// One sample of a GPU instance at `tick`; `memory_mib` is the instance's size.
@@ -191,22 +295,17 @@ pub fn mig_sample(
         u64::from(gpu.telemetry.memory_used_pct),
         wobble,
     );
-    let ratio = |field: u64, scale: f64| -> Reading<f64> {
-        if env.gpm {
-            let base = f64::from(u) / 100.0 * scale;
-            let j = (h(seed, gpu.index, field, tick % PERIOD) % 100) as f64 / 1000.0;
-            Reading::Value((base + j).clamp(0.0, 1.0))
-        } else {
-            Reading::NotSupported
-        }
-    };
+    let profiling = profiling(&env, seed, gpu.index, u, tick, 21).map(|p| Profiling {
+        // Link traffic is the GPU's, not an instance's.
+        nvlink_tx_bytes_per_s: None,
+        nvlink_rx_bytes_per_s: None,
+        ..p
+    });
     MigTelemetry {
         gpu: gpu.index,
         gpu_instance_id: gi.id,
         fb_memory: Reading::Value(fb),
-        gr_engine_active: ratio(21, 0.9),
-        tensor_active: ratio(22, 0.5),
-        dram_active: ratio(23, 0.6),
+        profiling,
     }
 }
 
