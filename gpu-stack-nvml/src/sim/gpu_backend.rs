@@ -2,9 +2,9 @@
 //! operations, resets, telemetry and health events.
 
 use gpu_stack_core::backend::{
-    BackendError, CallClass, ComputeInstance, GpuBackend, GpuInfo, GpuInstance, GpuInstanceProfile,
-    GpuProcess, GpuTelemetry, HealthEvents, MigChangeLock, MigMode, MigModeChange, MigTelemetry,
-    SlicePlacement, SystemInfo,
+    BackendError, CallClass, ComputeInstance, DeviceStrings, GpuBackend, GpuInfo, GpuInstance,
+    GpuInstanceProfile, GpuProcess, GpuTelemetry, HealthEvents, MigChangeLock, MigMode,
+    MigModeChange, MigTelemetry, P2pStatus, SlicePlacement, SystemInfo,
 };
 use gpu_stack_core::mig::{self, PlacedInstance};
 
@@ -15,7 +15,7 @@ use super::mig::{
 };
 use super::node::mig_uuid;
 use super::processes::proc_public;
-use super::state::{CiState, GiState};
+use super::state::{CiState, GiState, GpuState};
 use super::telemetry;
 use super::{MIB, SimulatedBackend};
 
@@ -448,6 +448,46 @@ impl GpuBackend for SimulatedBackend {
             backend: self.clone(),
             next,
         }))
+    }
+
+    fn device_strings(&self, gpu: u32) -> Result<DeviceStrings, BackendError> {
+        self.on_gpu(gpu, CallClass::Inventory, |g, _, _| {
+            // Stable per GPU: the serial is the UUID's first group as digits.
+            let digits: String = g
+                .uuid
+                .trim_start_matches("GPU-")
+                .chars()
+                .filter(char::is_ascii_hexdigit)
+                .take(8)
+                .map(|c| char::from(b'0' + (c.to_digit(16).unwrap_or(0) % 10) as u8))
+                .collect();
+            Ok(DeviceStrings {
+                brand: Some("NVIDIA".into()),
+                serial: Some(format!("165{:0>10}", digits)),
+                vbios_version: Some("96.00.89.00.01".into()),
+                oem_inforom_version: Some("1.1".into()),
+                ecc_inforom_version: Some("7.16".into()),
+                power_inforom_version: None,
+                inforom_image_version: Some("G520.0200.00.05".into()),
+            })
+        })
+    }
+
+    fn p2p_status(&self, gpu: u32, peer: u32) -> Result<P2pStatus, BackendError> {
+        let has_nvlink = |g: &GpuState| -> Result<bool, BackendError> {
+            let t = telemetry::gpu_sample(model_of(g)?, g, 0);
+            Ok(!t.nvlink_total_kib.is_not_supported())
+        };
+        let peer_nvlink = self.on_gpu(peer, CallClass::Inventory, |g, _, _| has_nvlink(g))?;
+        self.on_gpu(gpu, CallClass::Inventory, |g, _, _| {
+            Ok(if gpu == peer {
+                P2pStatus::NotSupported
+            } else if has_nvlink(g)? && peer_nvlink {
+                P2pStatus::Ok
+            } else {
+                P2pStatus::NotSupported
+            })
+        })
     }
 }
 
