@@ -6,9 +6,11 @@
 //!   reconcile loop over the [`cluster::Cluster`] seam (in-memory and kube
 //!   implementations), and the controller, leader election and metrics that
 //!   run it on a real cluster.
-//! - [`kubelet`]: the kubelet's pod-resources API and, with the `testing`
-//!   feature, the stand-in kubelets for tests.
-//! - [`deviceplugin`]: the kubelet device plugin and GPU feature discovery.
+//! - [`kubelet`]: the kubelet's protocols: the device plugin API v1beta1
+//!   (service, registration), the pod-resources API, gRPC over unix sockets
+//!   and, with the `testing` feature, the stand-in kubelets for tests.
+//! - [`deviceplugin`]: the device plugin agent (health, CDI spec, labels,
+//!   the agent loop) and GPU feature discovery.
 //! - [`exporter`]: the DCGM-compatible GPU metrics exporter.
 //! - [`migmanager`]: the MIG manager agent.
 //! - [`nodediscovery`]: the agent that writes NFD's node labels where NFD is not installed.
@@ -45,6 +47,6 @@ pub use operator::metrics as operator_metrics;
 pub use operator::{cluster, clusterpolicy, controller, desired, leader};
 
 // The kubelet's protocols live under `kubelet/`; their old paths stay.
-pub use kubelet::podresources;
 #[cfg(any(test, feature = "testing"))]
-pub use kubelet::standin as kubelet_standin;
+pub use kubelet::deviceplugin::standin as kubelet_standin;
+pub use kubelet::podresources;

@@ -774,13 +774,13 @@ async fn the_device_plugin_answers_a_client_sending_the_socket_path_as_authority
 struct AcceptAll;
 
 #[tonic::async_trait]
-impl gpu_stack_k8s::deviceplugin::api::registration_server::Registration for AcceptAll {
+impl gpu_stack_k8s::kubelet::deviceplugin::api::registration_server::Registration for AcceptAll {
     async fn register(
         &self,
-        _: tonic::Request<gpu_stack_k8s::deviceplugin::api::RegisterRequest>,
-    ) -> Result<tonic::Response<gpu_stack_k8s::deviceplugin::api::Empty>, tonic::Status> {
+        _: tonic::Request<gpu_stack_k8s::kubelet::deviceplugin::api::RegisterRequest>,
+    ) -> Result<tonic::Response<gpu_stack_k8s::kubelet::deviceplugin::api::Empty>, tonic::Status> {
         Ok(tonic::Response::new(
-            gpu_stack_k8s::deviceplugin::api::Empty {},
+            gpu_stack_k8s::kubelet::deviceplugin::api::Empty {},
         ))
     }
 }
@@ -789,8 +789,8 @@ impl gpu_stack_k8s::deviceplugin::api::registration_server::Registration for Acc
 /// what the test above would see, and shows its client sends the path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_tonic_server_resets_a_socket_path_authority() {
-    use gpu_stack_k8s::deviceplugin::api::registration_server::RegistrationServer;
-    use gpu_stack_k8s::deviceplugin::transport::unix_incoming;
+    use gpu_stack_k8s::kubelet::deviceplugin::api::registration_server::RegistrationServer;
+    use gpu_stack_k8s::kubelet::transport::unix_incoming;
     let dir = tempfile::tempdir().unwrap();
     let serve = |path: PathBuf, fixed: bool| {
         let listener = tokio::net::UnixListener::bind(&path).unwrap();

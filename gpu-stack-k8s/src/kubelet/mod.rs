@@ -1,7 +1,11 @@
-//! The kubelet side of the node agents: the pod-resources API
-//! ([`podresources`]) and, for tests (the `testing` feature), a stand-in
-//! kubelet that speaks the device-plugin registration protocol (`standin`).
+//! The kubelet's protocols, as the node agents speak them: the device plugin
+//! API ([`deviceplugin`]), the pod-resources API ([`podresources`]), and gRPC
+//! over the kubelet's unix sockets ([`transport`], with the `:authority`
+//! rewrite of [`authority`]) that they and the CRI client share. The stand-in
+//! kubelets for tests (`deviceplugin::standin`, `podresources::standin`) are
+//! built with the `testing` feature.
 
+pub mod authority;
+pub mod deviceplugin;
 pub mod podresources;
-#[cfg(any(test, feature = "testing"))]
-pub mod standin;
+pub mod transport;

@@ -5,7 +5,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::deviceplugin::transport::unix_channel;
+use crate::kubelet::transport::unix_channel;
 
 /// Types and gRPC stubs generated at build time from `proto/cri/v1/api.proto`.
 pub mod api {

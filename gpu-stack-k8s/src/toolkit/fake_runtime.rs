@@ -22,7 +22,7 @@ impl FakeRuntime {
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming(crate::deviceplugin::transport::unix_incoming(listener)),
+                .serve_with_incoming(crate::kubelet::transport::unix_incoming(listener)),
         );
         runtime
     }

@@ -14,8 +14,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status};
 
-use crate::deviceplugin::api;
-use crate::deviceplugin::transport::{unix_channel, unix_incoming};
+use super::api;
+use crate::kubelet::transport::{unix_channel, unix_incoming};
 
 /// Errors of the stand-in.
 #[derive(Debug, thiserror::Error)]

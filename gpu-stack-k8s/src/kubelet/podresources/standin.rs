@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status};
 
-use crate::deviceplugin::transport::unix_incoming;
+use crate::kubelet::transport::unix_incoming;
 
 use super::api::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
 use super::api::{
