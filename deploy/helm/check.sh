@@ -67,4 +67,65 @@ nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" \
   --set toolkit.image=gpu-stack --set toolkit.repository= --set toolkit.version= >"$out/toolkit.yaml"
 grep -A6 '^  toolkit:$' "$out/toolkit.yaml" | grep -q 'repository: registry.example.com/gpu-stack' \
   || { echo "deploy/helm/check.sh: toolkit.image=gpu-stack does not take imageRepository" >&2; exit 1; }
+
+# Alerts and dashboard (README, "Alerts and dashboard"): the chart's copies in
+# files/ are the plain files in deploy/monitoring/, byte for byte; both are off
+# by default and render when enabled.
+for f in gpu-stack-alerts.rules.yaml gpu-stack-dashboard.json; do
+  if ! cmp -s "$chart/files/$f" "$root/deploy/monitoring/$f"; then
+    echo "deploy/helm/check.sh: deploy/monitoring/$f differs from $chart/files/$f; run: cp $chart/files/$f $root/deploy/monitoring/$f" >&2
+    exit 1
+  fi
+done
+if grep -q '^kind: PrometheusRule$' "$out/default.yaml"; then
+  echo "deploy/helm/check.sh: the default rendering has a PrometheusRule (dcgmExporter.prometheusRule.enabled is false)" >&2
+  exit 1
+fi
+if grep -q 'grafana_dashboard' "$out/default.yaml"; then
+  echo "deploy/helm/check.sh: the default rendering has the dashboard ConfigMap (dcgmExporter.grafanaDashboard.enabled is false)" >&2
+  exit 1
+fi
+monitoring=(--set dcgmExporter.prometheusRule.enabled=true --set dcgmExporter.grafanaDashboard.enabled=true)
+nice "$helm" lint --strict "$chart" "${repo[@]}" "${monitoring[@]}"
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" "${monitoring[@]}" \
+  --set dcgmExporter.prometheusRule.labels.release=kube-prometheus-stack >"$out/monitoring.yaml"
+for kind in PrometheusRule ConfigMap ClusterPolicy; do
+  if [ "$(grep -c "^kind: $kind\$" "$out/monitoring.yaml")" != 1 ]; then
+    echo "deploy/helm/check.sh: with the alerts and dashboard enabled there is not exactly one $kind" >&2
+    exit 1
+  fi
+done
+grep -q '^apiVersion: monitoring.coreos.com/v1$' "$out/monitoring.yaml" \
+  || { echo "deploy/helm/check.sh: the PrometheusRule is not monitoring.coreos.com/v1" >&2; exit 1; }
+grep -q '^    release: kube-prometheus-stack$' "$out/monitoring.yaml" \
+  || { echo "deploy/helm/check.sh: dcgmExporter.prometheusRule.labels are not on the PrometheusRule" >&2; exit 1; }
+grep -q '^    grafana_dashboard: "1"$' "$out/monitoring.yaml" \
+  || { echo "deploy/helm/check.sh: the dashboard ConfigMap lacks the grafana_dashboard: \"1\" sidecar label" >&2; exit 1; }
+# The chart's own keys stay out of the ClusterPolicy's dcgmExporter section.
+if grep -Eq '^    (prometheusRule|grafanaDashboard):' "$out/monitoring.yaml"; then
+  echo "deploy/helm/check.sh: dcgmExporter.prometheusRule or .grafanaDashboard reached the ClusterPolicy" >&2
+  exit 1
+fi
+# The rendered rule groups (spec) and dashboard (data) are the plain files.
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" "${monitoring[@]}" \
+  --show-only templates/prometheusrule.yaml | sed -n '/^spec:$/,$p' | tail -n +2 | sed 's/^  //' >"$out/rules.yaml"
+if ! cmp -s "$out/rules.yaml" "$root/deploy/monitoring/gpu-stack-alerts.rules.yaml"; then
+  echo "deploy/helm/check.sh: the PrometheusRule's groups differ from deploy/monitoring/gpu-stack-alerts.rules.yaml:" >&2
+  diff "$root/deploy/monitoring/gpu-stack-alerts.rules.yaml" "$out/rules.yaml" | head -20 >&2
+  exit 1
+fi
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" "${monitoring[@]}" \
+  --show-only templates/grafana-dashboard.yaml | sed -n '/^  gpu-stack-dashboard.json: |-$/,$p' | tail -n +2 | sed 's/^    //' >"$out/dashboard.json"
+if ! cmp -s "$out/dashboard.json" "$root/deploy/monitoring/gpu-stack-dashboard.json"; then
+  echo "deploy/helm/check.sh: the dashboard ConfigMap's JSON differs from deploy/monitoring/gpu-stack-dashboard.json:" >&2
+  diff "$root/deploy/monitoring/gpu-stack-dashboard.json" "$out/dashboard.json" | head -20 >&2
+  exit 1
+fi
+# jobRegex sets the exporter's job matcher, and only that.
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" "${monitoring[@]}" \
+  --set dcgmExporter.prometheusRule.jobRegex=gpu-nodes --show-only templates/prometheusrule.yaml >"$out/job.yaml"
+if [ "$(grep -c 'up{job=~"gpu-nodes"}' "$out/job.yaml")" != 3 ] || grep -q 'gpu-exporter\.\*"' "$out/job.yaml"; then
+  echo "deploy/helm/check.sh: dcgmExporter.prometheusRule.jobRegex does not replace the job matcher of the exporter alerts" >&2
+  exit 1
+fi
 echo "helm chart: lint and template OK"
