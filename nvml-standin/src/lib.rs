@@ -10,23 +10,33 @@
 //! (state file shared with other processes, optional).
 //!
 //! Handles are integers with a kind tag, not pointers: device `1`, MIG device `2`,
-//! GPU instance `3`, compute instance `4`, event set `5` in the top byte, then
-//! GPU, GPU-instance and compute-instance numbers (each +1) below it.
+//! GPU instance `3`, compute instance `4`, event set `5`, GPM sample `6` in the
+//! top byte, then GPU, GPU-instance and compute-instance numbers (each +1)
+//! below it (a table id for event sets and GPM samples).
+//!
+//! A GPM sample holds the simulated profiling of the moment it was taken;
+//! `nvmlGpmMetricsGet` answers from the second sample (ratios as percent,
+//! rates in MiB/s, as NVML reports them).
+//!
+//! [`gpu_stack_standin_calls`] (exported as a C function) counts the NVML
+//! calls answered, so tests can tell how many calls an operation makes.
 //!
 //! Safety contract of every exported function: the caller follows NVML's C API
 //! (valid out-pointers, buffer lengths as stated); null pointers are refused
-//! with `NVML_ERROR_INVALID_ARGUMENT`.
+//! with `NVML_ERROR_INVALID_ARGUMENT`, buffers too small for the answer with
+//! `NVML_ERROR_INSUFFICIENT_SIZE`.
 #![allow(clippy::missing_safety_doc, non_upper_case_globals, non_snake_case)]
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use gpu_stack_core::backend::{
-    BackendError, GpuBackend, GpuTelemetry, HealthEventKind, HealthEvents, Reading, SlicePlacement,
+    BackendError, DeviceStrings, GpuBackend, GpuTelemetry, HealthEventKind, HealthEvents,
+    Profiling, Reading, SlicePlacement,
 };
 use gpu_stack_core::catalog;
 use gpu_stack_core::mig::MigGeometry;
@@ -41,6 +51,7 @@ const KIND_MIG: u64 = 2;
 const KIND_GI: u64 = 3;
 const KIND_CI: u64 = 4;
 const KIND_SET: u64 = 5;
+const KIND_SAMPLE: u64 = 6;
 
 /// Environment variable naming the fleet file.
 pub const ENV_FLEET: &str = "GPU_STACK_STANDIN_FLEET";
@@ -52,6 +63,20 @@ pub const ENV_STATE: &str = "GPU_STACK_STANDIN_STATE";
 static BACKEND: Mutex<Option<SimulatedBackend>> = Mutex::new(None);
 static SETS: Mutex<Option<HashMap<u64, Box<dyn HealthEvents>>>> = Mutex::new(None);
 static NEXT_SET: AtomicU64 = AtomicU64::new(1);
+/// GPM samples by table id: the simulated profiling when taken, `None` before.
+static SAMPLES: Mutex<Option<HashMap<u64, Option<Profiling>>>> = Mutex::new(None);
+static NEXT_SAMPLE: AtomicU64 = AtomicU64::new(1);
+/// NVML calls answered since the library was loaded.
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// How many NVML functions this library has answered since it was loaded
+/// (each exported NVML function counts once per call, whatever it returns).
+/// Not an NVML function: tests look it up by name to count the calls an
+/// operation makes.
+#[unsafe(no_mangle)]
+pub extern "C" fn gpu_stack_standin_calls() -> u64 {
+    CALLS.load(Ordering::SeqCst)
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -109,8 +134,10 @@ fn backend() -> Result<SimulatedBackend, Ret> {
         .ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)
 }
 
-/// Runs `f` and turns its outcome into an NVML return code.
+/// Counts one NVML call, runs `f` and turns its outcome into an NVML return
+/// code.
 fn run(f: impl FnOnce() -> Result<(), Ret>) -> Ret {
+    CALLS.fetch_add(1, Ordering::SeqCst);
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => nvmlReturn_enum_NVML_SUCCESS,
         Ok(Err(c)) => c,
@@ -245,7 +272,7 @@ pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlShutdown() -> Ret {
-    nvmlReturn_enum_NVML_SUCCESS
+    run(|| Ok(()))
 }
 
 #[unsafe(no_mangle)]
@@ -572,10 +599,29 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     })
 }
 
-/// Field ids answered: HBM temperature and NVLink data throughput.
+/// Field ids answered: HBM temperature and NVLink data throughput (scope id
+/// = link number, or [`ALL_LINKS`]).
 const FI_MEMORY_TEMP: u32 = 82;
 const FI_NVLINK_TX: u32 = 138;
 const FI_NVLINK_RX: u32 = 139;
+/// Scope id of a field summed over all links.
+const ALL_LINKS: u32 = u32::MAX;
+
+/// NVLink data of one direction: the KiB moved over all links (`scope` =
+/// [`ALL_LINKS`]) or over one link, split evenly between the two directions
+/// (RX gets the odd KiB), so TX + RX is the simulated figure.
+fn nvlink_direction(t: &GpuTelemetry, scope: u32, tx: bool) -> Result<u64, Ret> {
+    let kib = if scope == ALL_LINKS {
+        t.nvlink_total_kib.clone().c()?
+    } else {
+        *t.nvlink_link_kib
+            .clone()
+            .c()?
+            .get(scope as usize)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?
+    };
+    Ok(if tx { kib / 2 } else { kib - kib / 2 })
+}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
@@ -593,9 +639,8 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         for v in vals {
             let r: Result<u64, Ret> = match v.fieldId {
                 FI_MEMORY_TEMP => t.memory_temp_c.clone().c().map(u64::from),
-                // NVLink data moved, split evenly between the two directions.
-                FI_NVLINK_TX => t.nvlink_total_kib.clone().c().map(|k| k / 2),
-                FI_NVLINK_RX => t.nvlink_total_kib.clone().c().map(|k| k - k / 2),
+                FI_NVLINK_TX => nvlink_direction(&t, v.scopeId, true),
+                FI_NVLINK_RX => nvlink_direction(&t, v.scopeId, false),
                 _ => Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
             };
             match r {
@@ -1196,6 +1241,569 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
         let id = set_id(set)?;
         if let Some(m) = lock(&SETS).as_mut() {
             m.remove(&id);
+        }
+        Ok(())
+    })
+}
+
+// ---- throttling, ECC, retired pages, clock event reasons ----
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetViolationStatus(
+    dev: nvmlDevice_t,
+    policy: nvmlPerfPolicyType_t,
+    out: *mut nvmlViolationTime_t,
+) -> Ret {
+    run(|| {
+        let v = telemetry(device(dev)?)?.violations.c()?;
+        let ns = match policy {
+            nvmlPerfPolicyType_enum_NVML_PERF_POLICY_POWER => v.power_ns,
+            nvmlPerfPolicyType_enum_NVML_PERF_POLICY_THERMAL => v.thermal_ns,
+            nvmlPerfPolicyType_enum_NVML_PERF_POLICY_SYNC_BOOST => v.sync_boost_ns,
+            nvmlPerfPolicyType_enum_NVML_PERF_POLICY_BOARD_LIMIT => v.board_limit_ns,
+            nvmlPerfPolicyType_enum_NVML_PERF_POLICY_LOW_UTILIZATION => v.low_util_ns,
+            nvmlPerfPolicyType_enum_NVML_PERF_POLICY_RELIABILITY => v.reliability_ns,
+            nvmlPerfPolicyType_enum_NVML_PERF_POLICY_TOTAL_APP_CLOCKS
+            | nvmlPerfPolicyType_enum_NVML_PERF_POLICY_TOTAL_BASE_CLOCKS => None,
+            _ => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        }
+        .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
+        // The CPU timestamp of the reading, in microseconds.
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let t = nvmlViolationTime_t {
+            referenceTime: now_us,
+            violationTime: ns,
+        };
+        unsafe { put(out, t) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    dev: nvmlDevice_t,
+    kind: nvmlMemoryErrorType_t,
+    counter: nvmlEccCounterType_t,
+    out: *mut c_ulonglong,
+) -> Ret {
+    run(|| {
+        let e = telemetry(device(dev)?)?.ecc_errors.c()?;
+        let n = match (kind, counter) {
+            (
+                nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                nvmlEccCounterType_enum_NVML_VOLATILE_ECC,
+            ) => e.sbe_volatile,
+            (
+                nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nvmlEccCounterType_enum_NVML_VOLATILE_ECC,
+            ) => e.dbe_volatile,
+            (
+                nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                nvmlEccCounterType_enum_NVML_AGGREGATE_ECC,
+            ) => e.sbe_aggregate,
+            (
+                nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nvmlEccCounterType_enum_NVML_AGGREGATE_ECC,
+            ) => e.dbe_aggregate,
+            _ => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        };
+        unsafe { put(out, n) }
+    })
+}
+
+/// Retired pages of `cause`: `*count` in is the room in `addresses` (and
+/// `timestamps`, when not null), out the number retired; with too little room
+/// the answer is `NVML_ERROR_INSUFFICIENT_SIZE`. The simulator counts pages,
+/// so addresses are made up (one 4 KiB page after another, per cause).
+///
+/// # Safety
+/// `count` must be null or valid; `addresses` and `timestamps` null or with
+/// room for `*count` entries.
+unsafe fn retired_pages(
+    dev: nvmlDevice_t,
+    cause: nvmlPageRetirementCause_t,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> Result<(), Ret> {
+    let r = telemetry(device(dev)?)?.retired_pages.c()?;
+    let n = match cause {
+        nvmlPageRetirementCause_enum_NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS => {
+            r.single_bit
+        }
+        nvmlPageRetirementCause_enum_NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR => {
+            r.double_bit
+        }
+        _ => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+    };
+    if count.is_null() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let n = c_uint::try_from(n).unwrap_or(c_uint::MAX);
+    // SAFETY: `count` is non-null (checked) and valid (the caller's contract).
+    let room = unsafe { *count };
+    unsafe { *count = n };
+    if room < n {
+        return Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    if n > 0 && addresses.is_null() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    for i in 0..n as usize {
+        let page = (u64::from(cause) << 32) + i as u64;
+        // SAFETY: `addresses` (and `timestamps` when given) hold `room >= n`
+        // entries.
+        unsafe {
+            addresses.add(i).write(page * 4096);
+            if !timestamps.is_null() {
+                timestamps.add(i).write(0);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
+    dev: nvmlDevice_t,
+    cause: nvmlPageRetirementCause_t,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+) -> Ret {
+    run(|| unsafe { retired_pages(dev, cause, count, addresses, std::ptr::null_mut()) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
+    dev: nvmlDevice_t,
+    cause: nvmlPageRetirementCause_t,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> Ret {
+    run(|| unsafe { retired_pages(dev, cause, count, addresses, timestamps) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
+    dev: nvmlDevice_t,
+    pending: *mut nvmlEnableState_t,
+) -> Ret {
+    run(|| {
+        let r = telemetry(device(dev)?)?.retired_pages.c()?;
+        unsafe { put(pending, enable_state(r.pending)) }
+    })
+}
+
+fn enable_state(on: bool) -> nvmlEnableState_t {
+    if on {
+        nvmlEnableState_enum_NVML_FEATURE_ENABLED
+    } else {
+        nvmlEnableState_enum_NVML_FEATURE_DISABLED
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
+    dev: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> Ret {
+    run(|| unsafe { put(reasons, telemetry(device(dev)?)?.clocks_event_reasons.c()?) })
+}
+
+/// The older name of [`nvmlDeviceGetCurrentClocksEventReasons`], which
+/// nvml-wrapper calls.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+    dev: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> Ret {
+    // SAFETY: the same contract as the function it forwards to.
+    unsafe { nvmlDeviceGetCurrentClocksEventReasons(dev, reasons) }
+}
+
+// ---- NVLink ----
+
+/// The number of NVLink links of the simulated GPU (all of them up), or
+/// `NVML_ERROR_NOT_SUPPORTED` when it has none.
+fn link_count(t: &GpuTelemetry) -> Result<u32, Ret> {
+    Ok(t.nvlink_link_kib.clone().c()?.len() as u32)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    dev: nvmlDevice_t,
+    link: c_uint,
+    active: *mut nvmlEnableState_t,
+) -> Ret {
+    run(|| {
+        let t = telemetry(device(dev)?)?;
+        if link >= link_count(&t)? {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        unsafe { put(active, nvmlEnableState_enum_NVML_FEATURE_ENABLED) }
+    })
+}
+
+/// Error counters: the simulated sums split over the links (the remainder on
+/// link 0), so the links add up to them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
+    dev: nvmlDevice_t,
+    link: c_uint,
+    counter: nvmlNvLinkErrorCounter_t,
+    value: *mut c_ulonglong,
+) -> Ret {
+    run(|| {
+        let t = telemetry(device(dev)?)?;
+        let links = link_count(&t)?;
+        if link >= links {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let e = t.nvlink_errors.c()?;
+        let total = match counter {
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY => e.replay,
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY => e.recovery,
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT => e.crc_flit,
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_DATA => e.crc_data,
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_ECC_DATA => {
+                return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+            }
+            _ => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        };
+        let n = u64::from(links);
+        let share = total / n + if link == 0 { total % n } else { 0 };
+        unsafe { put(value, share) }
+    })
+}
+
+/// Peer-to-peer status over NVLink. Other capability indices are not
+/// simulated and answer `NVML_ERROR_NOT_SUPPORTED`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
+    dev: nvmlDevice_t,
+    peer: nvmlDevice_t,
+    index: nvmlGpuP2PCapsIndex_t,
+    status: *mut nvmlGpuP2PStatus_t,
+) -> Ret {
+    run(|| {
+        let (gpu, other) = (device(dev)?, device(peer)?);
+        if index != nvmlGpuP2PCapsIndex_enum_NVML_P2P_CAPS_INDEX_NVLINK {
+            return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        let s = backend()?.p2p_status(gpu, other).c()?;
+        unsafe { put(status, s.code()) }
+    })
+}
+
+// ---- device strings ----
+
+fn strings(dev: nvmlDevice_t) -> Result<DeviceStrings, Ret> {
+    backend()?.device_strings(device(dev)?).c()
+}
+
+/// A string the simulated GPU has, or `NVML_ERROR_NOT_SUPPORTED`.
+fn present(s: Option<String>) -> Result<String, Ret> {
+    s.ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
+}
+
+/// NVML's brand numbers by the names `nvidia-smi -q` prints.
+const BRANDS: [(&str, nvmlBrandType_t); 16] = [
+    ("Quadro", nvmlBrandType_enum_NVML_BRAND_QUADRO),
+    ("Tesla", nvmlBrandType_enum_NVML_BRAND_TESLA),
+    ("NVS", nvmlBrandType_enum_NVML_BRAND_NVS),
+    ("Grid", nvmlBrandType_enum_NVML_BRAND_GRID),
+    ("GeForce", nvmlBrandType_enum_NVML_BRAND_GEFORCE),
+    ("Titan", nvmlBrandType_enum_NVML_BRAND_TITAN),
+    (
+        "NVIDIA Virtual Applications",
+        nvmlBrandType_enum_NVML_BRAND_NVIDIA_VAPPS,
+    ),
+    (
+        "NVIDIA Virtual PC",
+        nvmlBrandType_enum_NVML_BRAND_NVIDIA_VPC,
+    ),
+    (
+        "NVIDIA Virtual Compute Server",
+        nvmlBrandType_enum_NVML_BRAND_NVIDIA_VCS,
+    ),
+    (
+        "NVIDIA RTX Virtual Workstation",
+        nvmlBrandType_enum_NVML_BRAND_NVIDIA_VWS,
+    ),
+    (
+        "NVIDIA Cloud Gaming",
+        nvmlBrandType_enum_NVML_BRAND_NVIDIA_CLOUD_GAMING,
+    ),
+    ("Quadro RTX", nvmlBrandType_enum_NVML_BRAND_QUADRO_RTX),
+    ("NVIDIA RTX", nvmlBrandType_enum_NVML_BRAND_NVIDIA_RTX),
+    ("NVIDIA", nvmlBrandType_enum_NVML_BRAND_NVIDIA),
+    ("GeForce RTX", nvmlBrandType_enum_NVML_BRAND_GEFORCE_RTX),
+    ("Titan RTX", nvmlBrandType_enum_NVML_BRAND_TITAN_RTX),
+];
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetBrand(dev: nvmlDevice_t, brand: *mut nvmlBrandType_t) -> Ret {
+    run(|| {
+        let name = present(strings(dev)?.brand)?;
+        let b = BRANDS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(nvmlBrandType_enum_NVML_BRAND_UNKNOWN, |(_, b)| *b);
+        unsafe { put(brand, b) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSerial(
+    dev: nvmlDevice_t,
+    buf: *mut c_char,
+    len: c_uint,
+) -> Ret {
+    run(|| unsafe { put_str(buf, len, &present(strings(dev)?.serial)?) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetVbiosVersion(
+    dev: nvmlDevice_t,
+    buf: *mut c_char,
+    len: c_uint,
+) -> Ret {
+    run(|| unsafe { put_str(buf, len, &present(strings(dev)?.vbios_version)?) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetInforomVersion(
+    dev: nvmlDevice_t,
+    object: nvmlInforomObject_t,
+    buf: *mut c_char,
+    len: c_uint,
+) -> Ret {
+    run(|| {
+        let s = strings(dev)?;
+        let v = match object {
+            nvmlInforomObject_enum_NVML_INFOROM_OEM => s.oem_inforom_version,
+            nvmlInforomObject_enum_NVML_INFOROM_ECC => s.ecc_inforom_version,
+            nvmlInforomObject_enum_NVML_INFOROM_POWER => s.power_inforom_version,
+            nvmlInforomObject_enum_NVML_INFOROM_DEN => None,
+            _ => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        };
+        unsafe { put_str(buf, len, &present(v)?) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetInforomImageVersion(
+    dev: nvmlDevice_t,
+    buf: *mut c_char,
+    len: c_uint,
+) -> Ret {
+    run(|| unsafe { put_str(buf, len, &present(strings(dev)?.inforom_image_version)?) })
+}
+
+// ---- GPM ----
+
+fn sample_id(sample: nvmlGpmSample_t) -> Result<u64, Ret> {
+    let v = sample as usize as u64;
+    if v >> 56 != KIND_SAMPLE {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(v & 0xffff_ffff)
+}
+
+/// Keeps `p` in an allocated sample.
+fn fill_sample(sample: nvmlGpmSample_t, p: Profiling) -> Result<(), Ret> {
+    let id = sample_id(sample)?;
+    let mut samples = lock(&SAMPLES);
+    let slot = samples
+        .as_mut()
+        .and_then(|m| m.get_mut(&id))
+        .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+    *slot = Some(p);
+    Ok(())
+}
+
+/// What a filled sample holds; an unknown or unfilled one is refused.
+fn sample_profiling(sample: nvmlGpmSample_t) -> Result<Profiling, Ret> {
+    let id = sample_id(sample)?;
+    lock(&SAMPLES)
+        .as_ref()
+        .and_then(|m| m.get(&id).copied().flatten())
+        .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> Ret {
+    run(|| {
+        if sample.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let id = NEXT_SAMPLE.fetch_add(1, Ordering::SeqCst) & 0xffff_ffff;
+        lock(&SAMPLES)
+            .get_or_insert_with(HashMap::new)
+            .insert(id, None);
+        unsafe { put(sample, as_ptr((KIND_SAMPLE << 56) | id)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> Ret {
+    run(|| {
+        let id = sample_id(sample)?;
+        lock(&SAMPLES)
+            .as_mut()
+            .and_then(|m| m.remove(&id))
+            .map(|_| ())
+            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
+    dev: nvmlDevice_t,
+    support: *mut nvmlGpmSupport_t,
+) -> Ret {
+    run(|| {
+        let gpu = device(dev)?;
+        if support.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; the caller set `version`.
+        if unsafe { (*support).version } != NVML_GPM_SUPPORT_VERSION {
+            return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let supported = !telemetry(gpu)?.profiling.is_not_supported();
+        // SAFETY: non-null out-struct; `version` is kept.
+        unsafe { (*support).isSupportedDevice = c_uint::from(supported) };
+        if supported {
+            Ok(())
+        } else {
+            Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmSampleGet(dev: nvmlDevice_t, sample: nvmlGpmSample_t) -> Ret {
+    run(|| {
+        let p = telemetry(device(dev)?)?.profiling.c()?;
+        fill_sample(sample, p)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmMigSampleGet(
+    dev: nvmlDevice_t,
+    gpu_instance_id: c_uint,
+    sample: nvmlGpmSample_t,
+) -> Ret {
+    run(|| {
+        let p = backend()?
+            .mig_telemetry(device(dev)?)
+            .c()?
+            .into_iter()
+            .find(|t| t.gpu_instance_id == gpu_instance_id)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?
+            .profiling
+            .c()?;
+        fill_sample(sample, p)
+    })
+}
+
+/// GPM reports NVLink rates in MiB/s.
+const BYTES_PER_MIB: f64 = 1_048_576.0;
+
+/// A metric as `nvmlGpmMetricsGet` reports it: value, short name, long name,
+/// unit; `None` when the simulator has no value for it.
+fn metric(p: &Profiling, id: c_uint) -> Option<(f64, &'static CStr, &'static CStr, &'static CStr)> {
+    let pct = |r: Option<f64>| r.map(|r| r * 100.0);
+    let mib = |b: Option<f64>| b.map(|b| b / BYTES_PER_MIB);
+    let (v, short, long, unit) = match id {
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL => (
+            pct(p.gr_engine_active),
+            c"GR_UTIL",
+            c"Graphics utilization",
+            c"%",
+        ),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL => {
+            (pct(p.sm_active), c"SM_UTIL", c"SM utilization", c"%")
+        }
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY => {
+            (pct(p.sm_occupancy), c"SM_OCCUP", c"SM occupancy", c"%")
+        }
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL => (
+            pct(p.tensor_active),
+            c"TENSOR_UTIL",
+            c"Any tensor utilization",
+            c"%",
+        ),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL => (
+            pct(p.dram_active),
+            c"DRAM_BW_UTIL",
+            c"DRAM bandwidth utilization",
+            c"%",
+        ),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_FP64_UTIL => {
+            (pct(p.fp64_active), c"FP64_UTIL", c"FP64 utilization", c"%")
+        }
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_FP32_UTIL => {
+            (pct(p.fp32_active), c"FP32_UTIL", c"FP32 utilization", c"%")
+        }
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_FP16_UTIL => {
+            (pct(p.fp16_active), c"FP16_UTIL", c"FP16 utilization", c"%")
+        }
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC => (
+            mib(p.nvlink_rx_bytes_per_s),
+            c"NVLINK_TOTAL_RX",
+            c"NvLink read bandwidth for all links",
+            c"MiB/sec",
+        ),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC => (
+            mib(p.nvlink_tx_bytes_per_s),
+            c"NVLINK_TOTAL_TX",
+            c"NvLink write bandwidth for all links",
+            c"MiB/sec",
+        ),
+        _ => return None,
+    };
+    Some((v?, short, long, unit))
+}
+
+/// Metrics between two samples, answered from the second one. A metric the
+/// simulator has no value for gets `NVML_ERROR_NOT_SUPPORTED` in its entry.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) -> Ret {
+    run(|| {
+        if request.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; the caller passes a valid request it owns.
+        let req = unsafe { &mut *request };
+        if req.version != NVML_GPM_METRICS_GET_VERSION {
+            return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let count = req.numMetrics as usize;
+        if count > req.metrics.len() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        sample_profiling(req.sample1)?;
+        let p = sample_profiling(req.sample2)?;
+        for m in &mut req.metrics[..count] {
+            match metric(&p, m.metricId) {
+                Some((v, short, long, unit)) => {
+                    m.nvmlReturn = nvmlReturn_enum_NVML_SUCCESS;
+                    m.value = v;
+                    // Static strings, as NVML's are; callers only read them.
+                    m.metricInfo.shortName = short.as_ptr().cast_mut();
+                    m.metricInfo.longName = long.as_ptr().cast_mut();
+                    m.metricInfo.unit = unit.as_ptr().cast_mut();
+                }
+                None => {
+                    m.nvmlReturn = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+                    m.value = 0.0;
+                }
+            }
         }
         Ok(())
     })
