@@ -2,26 +2,32 @@
 //! loaded at runtime through nvml-wrapper (so binaries run, and fail clearly, on
 //! machines without a driver).
 //!
-//! nvml-wrapper covers inventory and most telemetry; MIG instance management,
-//! placements, remapped rows, field values and events with MIG attribution go
-//! through the crate-private `raw` module: small wrappers whose functions on
-//! raw NVML handles are `unsafe fn`s, called here only with handles of live
-//! nvml-wrapper devices (or instances NVML just returned for them).
+//! nvml-wrapper covers inventory and most telemetry (the readers beyond the
+//! basic counters, GPM profiling among them, are in `telemetry`); MIG instance
+//! management, placements, remapped rows, field values and events with MIG
+//! attribution go through the crate-private `raw` module: small wrappers whose
+//! functions on raw NVML handles are `unsafe fn`s, called here only with
+//! handles of live nvml-wrapper devices (or instances NVML just returned for
+//! them).
 
 mod raw;
+mod telemetry;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpu_stack_core::backend::{
-    BackendError, ComputeInstance, FbMemory, GpuBackend, GpuInfo, GpuInstance, GpuInstanceProfile,
-    GpuProcess, GpuTelemetry, HealthEvent, HealthEventKind, HealthEvents, MigMode, MigModeChange,
-    MigTelemetry, Reading, RemappedRows, SlicePlacement, SystemInfo,
+    BackendError, ComputeInstance, DeviceStrings, FbMemory, GpuBackend, GpuInfo, GpuInstance,
+    GpuInstanceProfile, GpuProcess, GpuTelemetry, HealthEvent, HealthEventKind, HealthEvents,
+    MigMode, MigModeChange, MigTelemetry, P2pStatus, Reading, RemappedRows, SlicePlacement,
+    SystemInfo,
 };
-use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{
+    Brand, Clock, InfoRom, P2pCapabilitiesIndex, PcieUtilCounter, TemperatureSensor,
+};
 use nvml_wrapper::enums::device::{DeviceArchitecture, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
@@ -37,9 +43,6 @@ const GI_PROFILE_ENUMS: u32 = 0x12;
 const CI_PROFILE_ENUMS: u32 = 0x9;
 /// Field id of HBM temperature (`NVML_FI_DEV_MEMORY_TEMP`).
 const FI_MEMORY_TEMP: u32 = 82;
-/// Field ids of NVLink data throughput in KiB (`..._THROUGHPUT_DATA_TX/RX`).
-const FI_NVLINK_TX: u32 = 138;
-const FI_NVLINK_RX: u32 = 139;
 /// Scope id meaning "all links".
 const ALL_LINKS: u32 = u32::MAX;
 
@@ -105,6 +108,30 @@ fn process(p: ProcessInfo, ids: Option<(u32, u32)>) -> GpuProcess {
         gpu_instance_id: ids.map(|i| i.0).or(p.gpu_instance_id),
         compute_instance_id: ids.map(|i| i.1).or(p.compute_instance_id),
     }
+}
+
+/// The brand as `nvidia-smi -q` prints it ("Product Brand"); `None` for
+/// `NVML_BRAND_UNKNOWN`.
+fn brand_name(b: Brand) -> Option<&'static str> {
+    Some(match b {
+        Brand::Unknown => return None,
+        Brand::Quadro => "Quadro",
+        Brand::Tesla => "Tesla",
+        Brand::NVS => "NVS",
+        Brand::GRID => "Grid",
+        Brand::GeForce => "GeForce",
+        Brand::Titan => "Titan",
+        Brand::VApps => "NVIDIA Virtual Applications",
+        Brand::VPC => "NVIDIA Virtual PC",
+        Brand::VCS => "NVIDIA Virtual Compute Server",
+        Brand::VWS => "NVIDIA RTX Virtual Workstation",
+        Brand::CloudGaming | Brand::VGaming => "NVIDIA Cloud Gaming",
+        Brand::QuadroRTX => "Quadro RTX",
+        Brand::NvidiaRTX => "NVIDIA RTX",
+        Brand::Nvidia => "NVIDIA",
+        Brand::GeForceRTX => "GeForce RTX",
+        Brand::TitanRTX => "Titan RTX",
+    })
 }
 
 fn arch_name(a: DeviceArchitecture) -> &'static str {
@@ -602,22 +629,44 @@ impl GpuBackend for NvmlBackend {
         })
     }
 
+    /// One sample. Profiling comes from two GPM samples [`GPM_INTERVAL`] apart
+    /// (the first taken before the other reads, the second after them), so on
+    /// GPUs with GPM the call takes at least that long.
+    ///
+    /// [`GPM_INTERVAL`]: telemetry::GPM_INTERVAL
     fn gpu_telemetry(&self, gpu: u32) -> Result<GpuTelemetry, BackendError> {
         let dev = self.device(gpu)?;
         let h = Self::handle(&dev);
         let n = &self.nvml;
         let m = |op: &'static str| move |e: NvmlError| map_err(e, gpu, op);
+        let started = Instant::now();
+        let gpm_first =
+            telemetry::gpm_available(&dev, gpu).and_then(|()| telemetry::gpm_sample(&dev, gpu));
         let util = reading(dev.utilization_rates().map_err(m("utilization")))?;
-        // SAFETY (every raw call in this function): `h` is the handle of `dev`,
-        // which outlives them.
-        let field = |id: u32, scope: u32| unsafe { raw::field_u64(n, h, gpu, id, scope) };
-        let nvlink = match (
-            field(FI_NVLINK_TX, ALL_LINKS),
-            field(FI_NVLINK_RX, ALL_LINKS),
-        ) {
+        let links = telemetry::links(&dev, gpu);
+        let span = links.as_ref().map_or(0, |l| l.span());
+        // One field-value call: HBM temperature, NVLink data over all links,
+        // then per link up to the last active one.
+        let mut requests = vec![
+            (FI_MEMORY_TEMP, 0),
+            (telemetry::FI_NVLINK_TX, ALL_LINKS),
+            (telemetry::FI_NVLINK_RX, ALL_LINKS),
+        ];
+        requests.extend(telemetry::link_fields(span));
+        // SAFETY: `h` is the handle of `dev`, which outlives the call.
+        let fields = unsafe { raw::field_values(n, h, gpu, &requests) };
+        let field = |i: usize| match &fields {
+            Ok(v) => v[i].clone(),
+            Err(e) => Err(e.clone()),
+        };
+        let nvlink = match (field(1), field(2)) {
             (Ok(tx), Ok(rx)) => Ok(tx.saturating_add(rx)),
             (Err(e), _) | (_, Err(e)) => Err(e),
         };
+        let link_kib = links.clone().and_then(|l| match &fields {
+            Ok(v) => telemetry::link_kib(&l, &v[3..]),
+            Err(e) => Err(e.clone()),
+        });
         let last_xid = {
             let seen = self.seen.lock().map_err(|_| BackendError::Other {
                 message: "NVML backend state lock poisoned".into(),
@@ -628,7 +677,7 @@ impl GpuBackend for NvmlBackend {
                 Reading::NotSupported
             }
         };
-        Ok(GpuTelemetry {
+        let mut t = GpuTelemetry {
             gpu,
             sm_clock_mhz: reading(dev.clock_info(Clock::SM).map_err(m("SM clock")))?,
             mem_clock_mhz: reading(dev.clock_info(Clock::Memory).map_err(m("memory clock")))?,
@@ -636,7 +685,7 @@ impl GpuBackend for NvmlBackend {
                 dev.temperature(TemperatureSensor::Gpu)
                     .map_err(m("GPU temperature")),
             )?,
-            memory_temp_c: reading(field(FI_MEMORY_TEMP, 0).map(|v| v as u32))?,
+            memory_temp_c: reading(field(0).map(|v| v as u32))?,
             power_usage_mw: reading(dev.power_usage().map_err(m("power usage")))?,
             total_energy_mj: reading(
                 dev.total_energy_consumption()
@@ -687,22 +736,53 @@ impl GpuBackend for NvmlBackend {
                 dev.pcie_throughput(PcieUtilCounter::Receive)
                     .map_err(m("PCIe RX throughput")),
             )?,
-            // Profiling ratios need GPM sampling over an interval; not read here.
+            // Filled in last, once the GPM interval has passed.
             profiling: Reading::NotSupported,
             last_xid,
-            violations: Reading::NotSupported,
-            ecc_errors: Reading::NotSupported,
-            retired_pages: Reading::NotSupported,
-            nvlink_errors: Reading::NotSupported,
-            nvlink_link_kib: Reading::NotSupported,
-            clocks_event_reasons: Reading::NotSupported,
-        })
+            violations: reading(telemetry::violations(&dev, gpu))?,
+            ecc_errors: reading(telemetry::ecc_errors(&dev, gpu))?,
+            retired_pages: reading(telemetry::retired_pages(&dev, gpu))?,
+            nvlink_errors: reading(
+                links
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|l| telemetry::nvlink_errors(&dev, gpu, l)),
+            )?,
+            nvlink_link_kib: reading(link_kib)?,
+            // nvml-wrapper's name for nvmlDeviceGetCurrentClocksEventReasons
+            // (the same call and bits under NVML's older name).
+            clocks_event_reasons: reading(
+                dev.current_throttle_reasons()
+                    .map(|r| r.bits())
+                    .map_err(m("clock event reasons")),
+            )?,
+        };
+        t.profiling = reading(gpm_first.and_then(|first| {
+            telemetry::wait_out_interval(started);
+            let second = telemetry::gpm_sample(&dev, gpu)?;
+            telemetry::gpm_profiling(n, gpu, &first, &second, telemetry::GpmScope::Gpu)
+        }))?;
+        Ok(t)
     }
 
+    /// One sample per GPU instance. Profiling comes from two GPM samples per
+    /// instance: all first samples are taken before, all second ones after one
+    /// shared [`GPM_INTERVAL`].
+    ///
+    /// [`GPM_INTERVAL`]: telemetry::GPM_INTERVAL
     fn mig_telemetry(&self, gpu: u32) -> Result<Vec<MigTelemetry>, BackendError> {
         let dev = self.device(gpu)?;
         self.require_mig_on(gpu, &dev, "MIG telemetry")?;
         let instances = self.instances(gpu, &dev)?;
+        let started = Instant::now();
+        let gpm = telemetry::gpm_available(&dev, gpu);
+        let firsts: Vec<_> = instances
+            .iter()
+            .map(|gi| {
+                gpm.clone()
+                    .and_then(|()| telemetry::gpm_mig_sample(&dev, gpu, gi.id))
+            })
+            .collect();
         // Memory of a GPU instance, read through the first MIG device in it.
         let mut fb: HashMap<u32, Reading<FbMemory>> = HashMap::new();
         for ((gi, _), mig) in self.mig_devices(gpu, &dev)? {
@@ -721,15 +801,75 @@ impl GpuBackend for NvmlBackend {
             )?;
             fb.insert(gi, r);
         }
-        Ok(instances
+        if firsts.iter().any(Result::is_ok) {
+            telemetry::wait_out_interval(started);
+        }
+        instances
             .iter()
-            .map(|gi| MigTelemetry {
-                gpu,
-                gpu_instance_id: gi.id,
-                fb_memory: fb.remove(&gi.id).unwrap_or(Reading::NotSupported),
-                profiling: Reading::NotSupported,
+            .zip(firsts)
+            .map(|(gi, first)| {
+                let profiling = reading(first.and_then(|first| {
+                    let second = telemetry::gpm_mig_sample(&dev, gpu, gi.id)?;
+                    telemetry::gpm_profiling(
+                        &self.nvml,
+                        gpu,
+                        &first,
+                        &second,
+                        telemetry::GpmScope::GpuInstance,
+                    )
+                }))?;
+                Ok(MigTelemetry {
+                    gpu,
+                    gpu_instance_id: gi.id,
+                    fb_memory: fb.remove(&gi.id).unwrap_or(Reading::NotSupported),
+                    profiling,
+                })
             })
-            .collect())
+            .collect()
+    }
+
+    /// Brand, serial, VBIOS and inforom versions (nvml-wrapper's calls for
+    /// `nvmlDeviceGetBrand`, `nvmlDeviceGetSerial`, `nvmlDeviceGetVbiosVersion`,
+    /// `nvmlDeviceGetInforomVersion` for the OEM, ECC and power objects, and
+    /// `nvmlDeviceGetInforomImageVersion`); what the GPU does not report is
+    /// `None`.
+    fn device_strings(&self, gpu: u32) -> Result<DeviceStrings, BackendError> {
+        let dev = self.device(gpu)?;
+        let opt = |r: Result<String, NvmlError>, op: &str| telemetry::optional(r, gpu, op);
+        let brand = match dev.brand() {
+            // A brand newer than nvml-wrapper knows.
+            Err(NvmlError::UnexpectedVariant(code)) => {
+                tracing::debug!(gpu, code, "brand unknown to nvml-wrapper");
+                None
+            }
+            r => telemetry::optional(r, gpu, "brand")?
+                .and_then(brand_name)
+                .map(str::to_string),
+        };
+        Ok(DeviceStrings {
+            brand,
+            serial: opt(dev.serial(), "serial number")?,
+            vbios_version: opt(dev.vbios_version(), "VBIOS version")?,
+            oem_inforom_version: opt(dev.info_rom_version(InfoRom::OEM), "OEM inforom version")?,
+            ecc_inforom_version: opt(dev.info_rom_version(InfoRom::ECC), "ECC inforom version")?,
+            power_inforom_version: opt(
+                dev.info_rom_version(InfoRom::Power),
+                "power inforom version",
+            )?,
+            inforom_image_version: opt(dev.info_rom_image_version(), "inforom image version")?,
+        })
+    }
+
+    /// `nvmlDeviceGetP2PStatus` with `NVML_P2P_CAPS_INDEX_NVLINK`.
+    fn p2p_status(&self, gpu: u32, peer: u32) -> Result<P2pStatus, BackendError> {
+        let dev = self.device(gpu)?;
+        let other = self.device(peer)?;
+        match dev.p2p_status(&other, P2pCapabilitiesIndex::NvLink) {
+            Ok(s) => Ok(P2pStatus::from_code(s.as_c())),
+            // A status newer than nvml-wrapper knows.
+            Err(NvmlError::UnexpectedVariant(_)) => Ok(P2pStatus::Unknown),
+            Err(e) => Err(map_err(e, gpu, "NVLink peer-to-peer status")),
+        }
     }
 
     /// With MIG on, each MIG device handle is asked for its compute processes

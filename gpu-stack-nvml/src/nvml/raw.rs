@@ -1,7 +1,7 @@
 //! Small unsafe wrappers over NVML functions nvml-wrapper does not wrap (or wraps
 //! wrongly): GPU- and compute-instance profiles, placements, create, list and
-//! destroy; MIG device ids; remapped rows; field values; events with their MIG
-//! instance ids.
+//! destroy; MIG device ids; remapped rows; field values (several per call);
+//! events with their MIG instance ids.
 //!
 //! Private to the crate. Every function that takes a raw NVML handle
 //! (`nvmlDevice_t`, `nvmlGpuInstance_t`, `nvmlComputeInstance_t`) is an
@@ -19,7 +19,7 @@
 // NVML constant names come from the C header.
 #![allow(non_upper_case_globals)]
 
-use std::ffi::c_uint;
+use std::ffi::{c_int, c_uint};
 use std::mem;
 use std::sync::Arc;
 
@@ -581,35 +581,69 @@ pub unsafe fn remapped_rows(
     }
 }
 
-/// One field value as an unsigned integer, or the per-field error.
+/// A field value's union read by the type NVML reports, as an unsigned integer
+/// (negative and fractional values clamp to 0 and truncate).
 ///
 /// # Safety
-/// `dev` must be a live device handle obtained from `nvml`.
-pub unsafe fn field_u64(
-    nvml: &Nvml,
-    dev: nvmlDevice_t,
-    gpu: u32,
-    field_id: u32,
-    scope_id: u32,
-) -> Result<u64, BackendError> {
-    let f = sym!(nvml, nvmlDeviceGetFieldValues);
-    // SAFETY: `dev` is live (the caller's contract); one zeroed field-value
-    // struct with its id and scope set, and a count of 1; NVML fills the value
-    // and a per-field return code. The union is read by the type NVML reports.
+/// `v` must have been zero-initialised before NVML filled it, so every byte of
+/// the union is initialised whichever member NVML wrote.
+unsafe fn field_u64(v: &nvmlFieldValue_t) -> u64 {
+    // SAFETY: every member is a plain number and every byte is initialised
+    // (the caller's contract), so any member may be read; the one named by
+    // `valueType` is the one NVML wrote.
     unsafe {
-        let mut v: nvmlFieldValue_t = mem::zeroed();
-        v.fieldId = field_id;
-        v.scopeId = scope_id;
-        check(f(dev, 1, &mut v), gpu, "field values")?;
-        check(v.nvmlReturn, gpu, "field value")?;
-        Ok(match v.valueType {
+        match v.valueType {
             nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE => v.value.dVal.max(0.0) as u64,
             nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT => u64::from(v.value.uiVal),
             nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_INT => v.value.siVal.max(0) as u64,
             nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG => v.value.sllVal.max(0) as u64,
             _ => v.value.ullVal,
-        })
+        }
     }
+}
+
+/// Several field values in one `nvmlDeviceGetFieldValues` call: one result
+/// per requested `(field id, scope id)`, in request order, each with its own
+/// NVML return code (a field the GPU lacks is `NotSupported` there and does
+/// not fail the others). An empty request makes no call.
+///
+/// # Safety
+/// `dev` must be a live device handle obtained from `nvml`.
+pub unsafe fn field_values(
+    nvml: &Nvml,
+    dev: nvmlDevice_t,
+    gpu: u32,
+    fields: &[(u32, u32)],
+) -> Result<Vec<Result<u64, BackendError>>, BackendError> {
+    if fields.is_empty() {
+        return Ok(Vec::new());
+    }
+    let f = sym!(nvml, nvmlDeviceGetFieldValues);
+    let mut values: Vec<nvmlFieldValue_t> = fields
+        .iter()
+        .map(|&(id, scope)| {
+            // SAFETY: all-zero is a valid value of this plain C struct.
+            let mut v: nvmlFieldValue_t = unsafe { mem::zeroed() };
+            v.fieldId = id;
+            v.scopeId = scope;
+            v
+        })
+        .collect();
+    let count = c_int::try_from(values.len()).map_err(|_| BackendError::InvalidArgument {
+        gpu,
+        detail: format!("{} field values asked for in one call", values.len()),
+    })?;
+    // SAFETY: `dev` is live (the caller's contract); the buffer holds exactly
+    // `count` zeroed field-value structs with ids and scopes set, which NVML
+    // fills in place (value, type and a per-field return code).
+    unsafe {
+        check(f(dev, count, values.as_mut_ptr()), gpu, "field values")?;
+    }
+    Ok(values
+        .iter()
+        // SAFETY: each struct was zeroed above before NVML filled it.
+        .map(|v| check(v.nvmlReturn, gpu, "field value").map(|()| unsafe { field_u64(v) }))
+        .collect())
 }
 
 /// An NVML event set, owned: it keeps its `Nvml` alive and frees the set
@@ -877,6 +911,21 @@ nodes:
         // SAFETY: `h` is live.
         let full = unsafe { gpu_instances(&nvml, h, 0, &profile) }.unwrap();
         assert_eq!(full.len(), 3);
+
+        // Several field values in one call, each with its own outcome: an
+        // unknown field fails alone; an empty request makes no call.
+        // SAFETY: `h` is live.
+        let got =
+            unsafe { field_values(&nvml, h, 0, &[(82, 0), (0xFFFF, 0), (138, u32::MAX)]) }.unwrap();
+        assert_eq!(got.len(), 3);
+        assert!(got[0].is_ok() && got[2].is_ok(), "{got:?}");
+        assert_eq!(got[1].as_ref().unwrap_err().kind(), "not_supported");
+        // SAFETY: `h` is live.
+        assert!(
+            unsafe { field_values(&nvml, h, 0, &[]) }
+                .unwrap()
+                .is_empty()
+        );
 
         // The event set is usable while owned and freed exactly once on drop:
         // afterwards the stand-in no longer knows its handle.
