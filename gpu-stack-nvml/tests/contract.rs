@@ -12,15 +12,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_stack_core::backend::{
-    BackendError, Fault, FaultSpec, GpuBackend, GpuProcess, HealthEvent, HealthEventKind,
-    HealthEvents, MigModeChange, Reading, SlicePlacement, node_snapshot,
+    BackendError, Fault, FaultSpec, GpuBackend, GpuProcess, GpuTelemetry, HealthEvent,
+    HealthEventKind, HealthEvents, MigModeChange, MigTelemetry, P2pStatus, Profiling, Reading,
+    SlicePlacement, clock_events, node_snapshot,
 };
 use gpu_stack_nvml::{NvmlBackend, SimNodeSpec, SimulatedBackend};
 
 const FLEET: &str = r#"
 nodes:
   - name: contract-0
-    telemetry: { seed: 42, utilization-pct: 50, jitter-pct: 20, memory-used-pct: 30 }
+    telemetry: { seed: 42, utilization-pct: 50, jitter-pct: 20, memory-used-pct: 30, tick-ms: 1000 }
     gpus:
       - model: A100-SXM4-40GB
       - model: A100-SXM4-40GB
@@ -34,6 +35,9 @@ nodes:
       - { gpu: 1, pid: 4242, instance: "3g.20gb@4", used-memory-mib: 2048 }
       - { gpu: 3, pid: 77, used-memory-mib: 512 }
 "#;
+
+/// The fleet's telemetry tick: samples change from one tick to the next.
+const TICK_MS: u64 = 1000;
 
 struct Harness {
     label: &'static str,
@@ -74,6 +78,259 @@ fn in_range<T: PartialOrd + std::fmt::Debug>(
         Reading::NotSupported => {}
         Reading::Error(e) => panic!("{label}: {what} failed: {e}"),
     }
+}
+
+/// `read` from the backend under test and from the simulated node behind it
+/// within one telemetry tick (again when a tick boundary fell between them),
+/// so both describe the same simulated state. For the simulated harness the
+/// two are the same backend.
+fn at_one_tick<T>(h: &Harness, read: impl Fn(&dyn GpuBackend) -> T) -> (T, T) {
+    for _ in 0..20 {
+        let tick = h.injector.now_ms() / TICK_MS;
+        let got = read(h.backend.as_ref());
+        let want = read(&h.injector);
+        if h.injector.now_ms() / TICK_MS == tick {
+            return (got, want);
+        }
+    }
+    panic!("{}: no two reads within one tick in 20 tries", h.label);
+}
+
+/// GPM profiling as the two backends give it: the same metrics, and values
+/// equal up to the rounding of NVML's units (percent, MiB/s) on the way.
+fn assert_same_profiling(l: &str, what: &str, got: &Reading<Profiling>, want: &Reading<Profiling>) {
+    let (Reading::Value(g), Reading::Value(w)) = (got, want) else {
+        assert_eq!(got, want, "{l}: {what} profiling");
+        return;
+    };
+    let rates = |p: &Profiling| {
+        [
+            ("nvlink_tx_bytes_per_s", p.nvlink_tx_bytes_per_s),
+            ("nvlink_rx_bytes_per_s", p.nvlink_rx_bytes_per_s),
+        ]
+    };
+    let all = |p: &Profiling| {
+        let mut v = p.ratios().to_vec();
+        v.extend(rates(p));
+        v
+    };
+    for ((name, a), (_, b)) in all(g).into_iter().zip(all(w)) {
+        match (a, b) {
+            (Some(a), Some(b)) => assert!(
+                (a - b).abs() <= 1e-9 * b.abs().max(1.0),
+                "{l}: {what} {name}: {a} != {b}"
+            ),
+            _ => assert_eq!(a, b, "{l}: {what} {name}"),
+        }
+    }
+}
+
+/// Every deterministic field equal. The last Xid is left out: the NVML
+/// backend knows it only from its own event subscriptions.
+fn assert_same_telemetry(l: &str, got: &GpuTelemetry, want: &GpuTelemetry) {
+    let what = format!("GPU {}", want.gpu);
+    assert_same_profiling(l, &what, &got.profiling, &want.profiling);
+    let plain = |t: &GpuTelemetry| GpuTelemetry {
+        profiling: Reading::NotSupported,
+        last_xid: Reading::NotSupported,
+        ..t.clone()
+    };
+    assert_eq!(plain(got), plain(want), "{l}: {what} telemetry");
+}
+
+fn assert_same_mig(l: &str, mut got: Vec<MigTelemetry>, mut want: Vec<MigTelemetry>) {
+    got.sort_by_key(|m| m.gpu_instance_id);
+    want.sort_by_key(|m| m.gpu_instance_id);
+    let ids = |v: &[MigTelemetry]| v.iter().map(|m| m.gpu_instance_id).collect::<Vec<_>>();
+    assert_eq!(ids(&got), ids(&want), "{l}: GPU instances");
+    for (g, w) in got.iter().zip(&want) {
+        let what = format!("GPU {} instance {}", w.gpu, w.gpu_instance_id);
+        assert_eq!(g.fb_memory, w.fb_memory, "{l}: {what} memory");
+        assert_same_profiling(l, &what, &g.profiling, &w.profiling);
+    }
+}
+
+/// GPM ratios present and in 0..=1, with SM occupancy within SM activity
+/// (warps resident only on SMs that have one); the profiling read.
+fn gpm_ratios<'a>(l: &str, what: &str, r: &'a Reading<Profiling>) -> &'a Profiling {
+    let p = r
+        .value()
+        .unwrap_or_else(|| panic!("{l}: {what} has GPM profiling: {r:?}"));
+    for (name, v) in p.ratios() {
+        let v = v.unwrap_or_else(|| panic!("{l}: {what} {name} missing"));
+        assert!((0.0..=1.0).contains(&v), "{l}: {what} {name} = {v}");
+    }
+    let (occupancy, active) = (p.sm_occupancy.unwrap(), p.sm_active.unwrap());
+    assert!(
+        occupancy <= active,
+        "{l}: {what} SM occupancy {occupancy} above SM activity {active}"
+    );
+    p
+}
+
+/// Throttling, ECC, NVLink, clock events, GPM, device strings and P2P, and the
+/// backend under test against the simulated node behind it.
+fn extended_telemetry(h: &Harness) {
+    let l = h.label;
+    let b = h.backend.as_ref();
+    let known = clock_events::NAMES.iter().fold(0, |m, (bit, _)| m | bit);
+    for gpu in 0..4 {
+        let t1 = b.gpu_telemetry(gpu).unwrap();
+        let t2 = b.gpu_telemetry(gpu).unwrap();
+        let (v1, v2) = (
+            t1.violations.value().copied().unwrap(),
+            t2.violations.value().copied().unwrap(),
+        );
+        let pairs = [
+            ("power", v1.power_ns, v2.power_ns),
+            ("thermal", v1.thermal_ns, v2.thermal_ns),
+            ("sync boost", v1.sync_boost_ns, v2.sync_boost_ns),
+            ("board limit", v1.board_limit_ns, v2.board_limit_ns),
+            ("low utilisation", v1.low_util_ns, v2.low_util_ns),
+            ("reliability", v1.reliability_ns, v2.reliability_ns),
+        ];
+        for (name, a, b) in pairs {
+            assert_eq!(a.is_some(), b.is_some(), "{l}: GPU {gpu} {name}");
+            assert!(b >= a, "{l}: GPU {gpu} {name} violation time went down");
+        }
+        assert!(
+            v1.power_ns.is_some(),
+            "{l}: GPU {gpu} reports power capping"
+        );
+        let hbm = gpu < 3;
+        assert_eq!(
+            t1.ecc_errors.value().is_some(),
+            hbm,
+            "{l}: GPU {gpu} ECC totals: {:?}",
+            t1.ecc_errors
+        );
+        assert_eq!(
+            t1.retired_pages.value().is_some(),
+            !hbm,
+            "{l}: GPU {gpu} retires pages only before HBM row remapping: {:?}",
+            t1.retired_pages
+        );
+        match (&t1.nvlink_link_kib, &t1.nvlink_total_kib) {
+            (Reading::Value(links), Reading::Value(total)) => {
+                assert_eq!(links.len(), if gpu < 2 { 12 } else { 18 }, "{l}: GPU {gpu}");
+                assert_eq!(
+                    links.iter().sum::<u64>(),
+                    *total,
+                    "{l}: GPU {gpu} links add up to the total"
+                );
+                assert!(t1.nvlink_errors.value().is_some(), "{l}: GPU {gpu}");
+            }
+            (links, total) => {
+                assert_eq!(gpu, 3, "{l}: GPU {gpu} has NVLink: {links:?} {total:?}");
+                assert!(links.is_not_supported() && total.is_not_supported(), "{l}");
+                assert!(t1.nvlink_errors.is_not_supported(), "{l}");
+            }
+        }
+        let reasons = *t1.clocks_event_reasons.value().unwrap();
+        assert_eq!(
+            reasons & !known,
+            0,
+            "{l}: GPU {gpu} clock event reasons {reasons:#x} use unknown bits"
+        );
+        if gpu == 2 {
+            let p = gpm_ratios(l, "H100", &t1.profiling);
+            for (name, r) in [
+                ("NVLink TX", p.nvlink_tx_bytes_per_s),
+                ("NVLink RX", p.nvlink_rx_bytes_per_s),
+            ] {
+                assert!(r.is_some_and(|r| r >= 0.0), "{l}: H100 {name} = {r:?}");
+            }
+        } else {
+            assert!(
+                t1.profiling.is_not_supported(),
+                "{l}: GPU {gpu} has no GPM: {:?}",
+                t1.profiling
+            );
+        }
+
+        let (got, want) = at_one_tick(h, |b| b.gpu_telemetry(gpu).unwrap());
+        assert_same_telemetry(l, &got, &want);
+
+        let strings = b.device_strings(gpu).unwrap();
+        for (name, s) in [
+            ("brand", &strings.brand),
+            ("serial", &strings.serial),
+            ("VBIOS version", &strings.vbios_version),
+            ("inforom image version", &strings.inforom_image_version),
+        ] {
+            assert!(
+                s.as_deref().is_some_and(|s| !s.is_empty()),
+                "{l}: GPU {gpu} {name}: {s:?}"
+            );
+        }
+        assert_eq!(
+            strings,
+            h.injector.device_strings(gpu).unwrap(),
+            "{l}: GPU {gpu} strings"
+        );
+    }
+    let (got, want) = at_one_tick(h, |b| b.mig_telemetry(1).unwrap());
+    assert_same_mig(l, got, want);
+
+    assert_eq!(
+        b.p2p_status(0, 2).unwrap(),
+        P2pStatus::Ok,
+        "{l}: NVLink peers"
+    );
+    assert_eq!(
+        b.p2p_status(2, 0).unwrap(),
+        P2pStatus::Ok,
+        "{l}: NVLink peers"
+    );
+    assert_eq!(
+        b.p2p_status(0, 3).unwrap(),
+        P2pStatus::NotSupported,
+        "{l}: the L4 has no NVLink"
+    );
+    assert_eq!(b.p2p_status(2, 2).unwrap(), P2pStatus::NotSupported, "{l}");
+    assert_eq!(kind(l, b.p2p_status(0, 9)), "not_found", "{l}");
+
+    // Faults show through: an overheating GPU throttles for heat and accrues
+    // thermal violation time (from the next tick on); corrected ECC errors
+    // are counted.
+    let before = b.gpu_telemetry(2).unwrap();
+    for fault in [
+        Fault::Overheat { temp_c: 95 },
+        Fault::EccErrors {
+            single_bit: 3,
+            double_bit: 0,
+        },
+    ] {
+        h.injector
+            .inject(FaultSpec {
+                gpu: Some(2),
+                at_ms: 0,
+                fault,
+            })
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(TICK_MS + 100));
+    let after = b.gpu_telemetry(2).unwrap();
+    assert_eq!(after.gpu_temp_c, Reading::Value(95), "{l}");
+    let thermal = clock_events::SW_THERMAL | clock_events::HW_THERMAL;
+    let reasons = *after.clocks_event_reasons.value().unwrap();
+    assert_eq!(reasons & thermal, thermal, "{l}: {reasons:#x}");
+    let thermal_ns = |t: &GpuTelemetry| t.violations.value().unwrap().thermal_ns.unwrap();
+    assert!(
+        thermal_ns(&after) > thermal_ns(&before),
+        "{l}: thermal violation time {} -> {}",
+        thermal_ns(&before),
+        thermal_ns(&after)
+    );
+    let (e0, e1) = (
+        before.ecc_errors.value().copied().unwrap(),
+        after.ecc_errors.value().copied().unwrap(),
+    );
+    assert_eq!(e1.sbe_volatile, e0.sbe_volatile + 3, "{l}");
+    assert_eq!(e1.sbe_aggregate, e0.sbe_aggregate + 3, "{l}");
+    assert_eq!(e1.dbe_volatile, e0.dbe_volatile, "{l}");
+    let (got, want) = at_one_tick(h, |b| b.gpu_telemetry(2).unwrap());
+    assert_same_telemetry(l, &got, &want);
 }
 
 fn contract(h: &Harness) {
@@ -219,6 +476,26 @@ fn contract(h: &Harness) {
     let found = listed.iter().find(|g| g.id == gi.id).unwrap();
     assert_eq!(found.compute_instances, vec![ci.clone()], "{l}");
 
+    // GPM per GPU instance on the MIG-enabled H100: every instance has its
+    // ratios, in bounds, and no link rates (those are the GPU's).
+    let mig_h100 = b.mig_telemetry(2).unwrap();
+    let mut ids: Vec<u32> = mig_h100.iter().map(|m| m.gpu_instance_id).collect();
+    ids.sort_unstable();
+    let mut want: Vec<u32> = listed.iter().map(|g| g.id).collect();
+    want.sort_unstable();
+    assert_eq!(ids, want, "{l}: one sample per GPU instance");
+    for m in &mig_h100 {
+        let what = format!("H100 GPU instance {}", m.gpu_instance_id);
+        let p = gpm_ratios(l, &what, &m.profiling);
+        assert_eq!(
+            (p.nvlink_tx_bytes_per_s, p.nvlink_rx_bytes_per_s),
+            (None, None),
+            "{l}: {what}"
+        );
+    }
+    let (got, want) = at_one_tick(h, |b| b.mig_telemetry(2).unwrap());
+    assert_same_mig(l, got, want);
+
     // Errors typed like NVML's.
     assert_eq!(
         kind(
@@ -356,6 +633,15 @@ fn contract(h: &Harness) {
     assert!(fb.is_consistent(), "{l}");
     assert_eq!(fb.total, 19_968 << 20, "{l}: 3g.20gb memory");
     assert_eq!(kind(l, b.mig_telemetry(0)), "not_supported", "{l}");
+    for m in &mig {
+        assert!(
+            m.profiling.is_not_supported(),
+            "{l}: A100 GPU instance {} has no GPM: {:?}",
+            m.gpu_instance_id,
+            m.profiling
+        );
+    }
+    extended_telemetry(h);
 
     // Health events: an Xid on demand, then a GPU falling off the bus.
     let mut events = b.health_events().unwrap();
