@@ -1,5 +1,6 @@
-//! Plumbing shared by the agent mains: log setup, the async runtime, the
-//! shutdown signal and the Kubernetes client from `--kubeconfig`.
+//! Plumbing shared by the agent mains: log setup, the async runtime and the
+//! exit code of a failure, the shutdown signal and the Kubernetes client from
+//! `--kubeconfig`.
 
 use std::future::Future;
 use std::path::Path;
@@ -30,11 +31,53 @@ pub fn init_logging(format: LogFormat) {
     }
 }
 
-/// Runs `work` on a two-thread runtime; logs any error and maps it to a
-/// failing exit code, so the mains stay a few lines long.
-pub fn run_main<F>(work: F) -> ExitCode
+/// Why an agent stopped, and the exit code that says so: 1 unless the
+/// agent documents others (as `gpu-exporter` does for bad flags, an unusable
+/// listen address and unlisted GPUs).
+#[derive(Debug)]
+pub struct Failure {
+    code: u8,
+    error: anyhow::Error,
+}
+
+impl Failure {
+    /// `error`, ending the process with `code`.
+    pub fn new(code: u8, error: impl Into<anyhow::Error>) -> Failure {
+        Failure {
+            code,
+            error: error.into(),
+        }
+    }
+
+    /// The exit code.
+    pub fn code(&self) -> u8 {
+        self.code
+    }
+
+    /// What went wrong.
+    pub fn error(&self) -> &anyhow::Error {
+        &self.error
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Failure {
+        Failure::new(1, error)
+    }
+}
+
+/// For `map_err`: the error as a [`Failure`] with exit code `code`.
+pub fn exit_code<E: Into<anyhow::Error>>(code: u8) -> impl FnOnce(E) -> Failure {
+    move |error| Failure::new(code, error)
+}
+
+/// Runs `work` on a two-thread runtime; logs any error and ends with its
+/// exit code (1 for a plain error, the [`Failure`]'s own otherwise), so the
+/// mains stay a few lines long.
+pub fn run_main<F, E>(work: F) -> ExitCode
 where
-    F: Future<Output = Result<()>>,
+    F: Future<Output = Result<(), E>>,
+    E: Into<Failure>,
 {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.worker_threads(2);
@@ -44,16 +87,18 @@ where
 /// Like [`run_main`], on one thread: for agents that mostly wait on the API
 /// server, where every extra thread is memory (a stack and a malloc arena)
 /// and buys nothing.
-pub fn run_main_single_threaded<F>(work: F) -> ExitCode
+pub fn run_main_single_threaded<F, E>(work: F) -> ExitCode
 where
-    F: Future<Output = Result<()>>,
+    F: Future<Output = Result<(), E>>,
+    E: Into<Failure>,
 {
     run_on(tokio::runtime::Builder::new_current_thread(), work)
 }
 
-fn run_on<F>(mut builder: tokio::runtime::Builder, work: F) -> ExitCode
+fn run_on<F, E>(mut builder: tokio::runtime::Builder, work: F) -> ExitCode
 where
-    F: Future<Output = Result<()>>,
+    F: Future<Output = Result<(), E>>,
+    E: Into<Failure>,
 {
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
@@ -62,11 +107,11 @@ where
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(work) {
+    match runtime.block_on(work).map_err(Into::into) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!("{err:#}");
-            ExitCode::FAILURE
+        Err(failure) => {
+            tracing::error!("{:#}", failure.error);
+            ExitCode::from(failure.code)
         }
     }
 }

@@ -282,6 +282,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } else {
             tracing::info!("pod stopping, toolkit stays on this node: configuration kept");
         }
-        Ok(())
+        anyhow::Ok(())
     }))
 }

@@ -1,0 +1,125 @@
+//! `gpu-operator`: reconciles ClusterPolicy documents on a Kubernetes cluster.
+//!
+//! Flags, logging, signals; the process itself is
+//! `gpu_stack_k8s::controller::runner::run`.
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use gpu_stack_k8s::controller::operator_pass::OperatorPass;
+use gpu_stack_k8s::controller::runner::{RunOptions, run};
+use gpu_stack_k8s::controller::uninstall::{UninstallOptions, uninstall};
+use gpu_stack_k8s::leader::LeaderConfig;
+
+use crate::agent::{
+    LogFormat, init_logging, kube_config, run_main_single_threaded, shutdown_signal,
+};
+
+/// gpu-operator: deploys and maintains the NVIDIA GPU stack on every GPU node.
+#[derive(Parser, Debug)]
+#[command(name = "gpu-operator", version, about)]
+pub struct Args {
+    /// Namespace of the operator and its operands.
+    #[arg(long, env = "OPERATOR_NAMESPACE")]
+    namespace: String,
+    /// This replica's identity for leader election and Events (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Address serving /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Kubeconfig to use; without it, in-cluster config or $KUBECONFIG.
+    #[arg(long, env = "GPU_OPERATOR_KUBECONFIG")]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// Name of the Lease used for leader election.
+    #[arg(long, default_value = "gpu-stack-operator")]
+    lease_name: String,
+    /// How long a leader's claim lasts without renewal (failover time).
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// How long before expiry the leader renews.
+    #[arg(long, default_value_t = 5)]
+    renew_grace_seconds: u64,
+    /// Run without leader election (only safe with a single replica).
+    #[arg(long)]
+    no_leader_election: bool,
+    /// Quiet period (milliseconds) before a burst of changes runs one pass.
+    #[arg(long, default_value_t = 200)]
+    debounce_ms: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Instead of operating: delete every ClusterPolicy and wait until the
+    /// running operator has cleaned up after it, then stop node discovery and
+    /// remove its labels (the chart's pre-delete hook).
+    #[arg(long)]
+    uninstall: bool,
+    /// With --uninstall: the chart's node-discovery DaemonSet, in --namespace.
+    #[arg(long, requires = "uninstall")]
+    node_discovery_daemonset: Option<String>,
+    /// With --uninstall: how long each step may take.
+    #[arg(long, default_value_t = 120, requires = "uninstall")]
+    uninstall_timeout_seconds: u64,
+    /// With --uninstall: how long the running operator gets to clean up after
+    /// the policies; past it (no operator running) the labels it added and
+    /// its finalizer are removed here.
+    #[arg(long, default_value_t = 30, requires = "uninstall")]
+    uninstall_operator_grace_seconds: u64,
+}
+
+/// The process: logging, then [`operate`] on one thread (the operator
+/// mostly waits on the API server).
+pub fn main(args: Args) -> ExitCode {
+    init_logging(args.log_format);
+    run_main_single_threaded(operate(args))
+}
+
+/// Operates until SIGTERM, or with `--uninstall` removes the stack.
+pub async fn operate(args: Args) -> Result<()> {
+    let config = kube_config(args.kubeconfig.as_deref()).await?;
+    if args.uninstall {
+        // Short request bounds: a request lost with a dropped connection is
+        // retried instead of holding a step for minutes.
+        let mut config = config;
+        config.read_timeout = Some(Duration::from_secs(15));
+        config.connect_timeout = Some(Duration::from_secs(10));
+        let client = kube::Client::try_from(config).context("building the API client")?;
+        let options = UninstallOptions {
+            namespace: args.namespace,
+            node_discovery: args.node_discovery_daemonset,
+            timeout: Duration::from_secs(args.uninstall_timeout_seconds),
+            operator_grace: Duration::from_secs(args.uninstall_operator_grace_seconds),
+        };
+        let removed = uninstall(client, &options)
+            .await
+            .context("gpu-operator --uninstall")?;
+        tracing::info!(labels_removed = removed, "uninstalled");
+        return Ok(());
+    }
+    let identity = match args.identity {
+        Some(id) => id,
+        None => std::env::var("HOSTNAME")
+            .unwrap_or_else(|_| format!("gpu-operator-{}", std::process::id())),
+    };
+    let leader = (!args.no_leader_election).then(|| LeaderConfig {
+        lease_name: args.lease_name.clone(),
+        namespace: args.namespace.clone(),
+        identity: identity.clone(),
+        duration: Duration::from_secs(args.lease_duration_seconds),
+        grace: Duration::from_secs(args.renew_grace_seconds),
+    });
+    let options = RunOptions {
+        namespace: args.namespace,
+        identity,
+        listen: args.listen,
+        leader,
+        debounce: Duration::from_millis(args.debounce_ms),
+    };
+    run(config, options, OperatorPass::new, shutdown_signal())
+        .await
+        .context("gpu-operator stopped")?;
+    tracing::info!("shut down cleanly");
+    Ok(())
+}
