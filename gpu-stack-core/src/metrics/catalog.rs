@@ -122,6 +122,64 @@ fields! {
     ProfPcieTxBytes => "DCGM_FI_PROF_PCIE_TX_BYTES", Int, "PCIe bytes sent per second.";
     ProfPcieRxBytes => "DCGM_FI_PROF_PCIE_RX_BYTES", Int, "PCIe bytes received per second.";
     XidErrorsCount => "DCGM_EXP_XID_ERRORS_COUNT", Int, "Xid errors per code within the count window.";
+    PcieTxThroughput => "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", Int, "PCIe transmit throughput in KB/s.";
+    PcieRxThroughput => "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", Int, "PCIe receive throughput in KB/s.";
+    PowerViolation => "DCGM_FI_DEV_POWER_VIOLATION", Int, "Time throttled by power capping in ns.";
+    ThermalViolation => "DCGM_FI_DEV_THERMAL_VIOLATION", Int, "Time throttled by thermal limits in ns.";
+    SyncBoostViolation => "DCGM_FI_DEV_SYNC_BOOST_VIOLATION", Int, "Time throttled by sync boost in ns.";
+    BoardLimitViolation => "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION", Int, "Time throttled by the board limit in ns.";
+    LowUtilViolation => "DCGM_FI_DEV_LOW_UTIL_VIOLATION", Int, "Time throttled for low utilisation in ns.";
+    ReliabilityViolation => "DCGM_FI_DEV_RELIABILITY_VIOLATION", Int, "Time throttled by reliability limits in ns.";
+    ClocksEventReasons => "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", Int, "Active clock event (throttle) reasons, a bitmask.";
+    EccSbeVolTotal => "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", Int, "Single-bit ECC errors since driver load.";
+    EccDbeVolTotal => "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", Int, "Double-bit ECC errors since driver load.";
+    EccSbeAggTotal => "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", Int, "Single-bit ECC errors over the GPU's life.";
+    EccDbeAggTotal => "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", Int, "Double-bit ECC errors over the GPU's life.";
+    RetiredSbe => "DCGM_FI_DEV_RETIRED_SBE", Int, "Pages retired for single-bit errors.";
+    RetiredDbe => "DCGM_FI_DEV_RETIRED_DBE", Int, "Pages retired for double-bit errors.";
+    RetiredPending => "DCGM_FI_DEV_RETIRED_PENDING", Int, "Whether a page retirement is pending.";
+    NvlinkCrcFlitErrorCountTotal => "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", Int, "NVLink flow-control CRC errors.";
+    NvlinkCrcDataErrorCountTotal => "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", Int, "NVLink data CRC errors.";
+    NvlinkReplayErrorCountTotal => "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", Int, "NVLink replays.";
+    NvlinkRecoveryErrorCountTotal => "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", Int, "NVLink recoveries.";
+    NvlinkBandwidthL0 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0", Int, "NVLink bandwidth of link 0 in MiB/s.";
+    NvlinkBandwidthL1 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L1", Int, "NVLink bandwidth of link 1 in MiB/s.";
+    NvlinkBandwidthL2 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L2", Int, "NVLink bandwidth of link 2 in MiB/s.";
+    NvlinkBandwidthL3 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L3", Int, "NVLink bandwidth of link 3 in MiB/s.";
+    NvlinkBandwidthL4 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L4", Int, "NVLink bandwidth of link 4 in MiB/s.";
+    NvlinkBandwidthL5 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L5", Int, "NVLink bandwidth of link 5 in MiB/s.";
+    NvlinkBandwidthL6 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L6", Int, "NVLink bandwidth of link 6 in MiB/s.";
+    NvlinkBandwidthL7 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L7", Int, "NVLink bandwidth of link 7 in MiB/s.";
+    NvlinkBandwidthL8 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L8", Int, "NVLink bandwidth of link 8 in MiB/s.";
+    NvlinkBandwidthL9 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L9", Int, "NVLink bandwidth of link 9 in MiB/s.";
+    NvlinkBandwidthL10 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L10", Int, "NVLink bandwidth of link 10 in MiB/s.";
+    NvlinkBandwidthL11 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L11", Int, "NVLink bandwidth of link 11 in MiB/s.";
+    NvlinkBandwidthL12 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L12", Int, "NVLink bandwidth of link 12 in MiB/s.";
+    NvlinkBandwidthL13 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L13", Int, "NVLink bandwidth of link 13 in MiB/s.";
+    NvlinkBandwidthL14 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L14", Int, "NVLink bandwidth of link 14 in MiB/s.";
+    NvlinkBandwidthL15 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L15", Int, "NVLink bandwidth of link 15 in MiB/s.";
+    NvlinkBandwidthL16 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L16", Int, "NVLink bandwidth of link 16 in MiB/s.";
+    NvlinkBandwidthL17 => "DCGM_FI_DEV_NVLINK_BANDWIDTH_L17", Int, "NVLink bandwidth of link 17 in MiB/s.";
+    NvmlVersion => "DCGM_FI_NVML_VERSION", Text, "NVML version (a label).";
+    DevBrand => "DCGM_FI_DEV_BRAND", Text, "Device brand (a label).";
+    DevSerial => "DCGM_FI_DEV_SERIAL", Text, "Board serial number (a label).";
+    OemInforomVer => "DCGM_FI_DEV_OEM_INFOROM_VER", Text, "OEM inforom version (a label).";
+    EccInforomVer => "DCGM_FI_DEV_ECC_INFOROM_VER", Text, "ECC inforom version (a label).";
+    PowerInforomVer => "DCGM_FI_DEV_POWER_INFOROM_VER", Text, "Power inforom version (a label).";
+    InforomImageVer => "DCGM_FI_DEV_INFOROM_IMAGE_VER", Text, "Inforom image version (a label).";
+    VbiosVersion => "DCGM_FI_DEV_VBIOS_VERSION", Text, "VBIOS version (a label).";
+    ProfSmActive => "DCGM_FI_PROF_SM_ACTIVE", Double, "SMs with at least one warp assigned, a ratio.";
+    ProfSmOccupancy => "DCGM_FI_PROF_SM_OCCUPANCY", Double, "Resident warps over the maximum, a ratio.";
+    ProfPipeFp64Active => "DCGM_FI_PROF_PIPE_FP64_ACTIVE", Double, "FP64 pipes active, a ratio.";
+    ProfPipeFp32Active => "DCGM_FI_PROF_PIPE_FP32_ACTIVE", Double, "FP32 pipes active, a ratio.";
+    ProfPipeFp16Active => "DCGM_FI_PROF_PIPE_FP16_ACTIVE", Double, "FP16 pipes active, a ratio.";
+    ProfNvlinkTxBytes => "DCGM_FI_PROF_NVLINK_TX_BYTES", Int, "NVLink bytes sent per second.";
+    ProfNvlinkRxBytes => "DCGM_FI_PROF_NVLINK_RX_BYTES", Int, "NVLink bytes received per second.";
+    XidErrorsTotal => "DCGM_EXP_XID_ERRORS_TOTAL", Int, "Xid errors per code since the exporter started.";
+    ClockEventsCount => "DCGM_EXP_CLOCK_EVENTS_COUNT", Int, "Samples with each clock event reason within the window.";
+    ClockEventsTotal => "DCGM_EXP_CLOCK_EVENTS_TOTAL", Int, "Clock events per reason since the exporter started (edge-counted).";
+    GpuHealthStatus => "DCGM_EXP_GPU_HEALTH_STATUS", Int, "Health per watch: 0 pass, 10 warn, 20 fail.";
+    P2pStatus => "DCGM_EXP_P2P_STATUS", Int, "NVLink P2P status per peer GPU.";
 }
 
 impl Field {
@@ -132,6 +190,82 @@ impl Field {
     pub fn index(self) -> usize {
         self as usize
     }
+}
+
+impl Field {
+    /// The per-link NVLink bandwidth fields, by link number.
+    pub const NVLINK_LINKS: [Field; 18] = [
+        Field::NvlinkBandwidthL0,
+        Field::NvlinkBandwidthL1,
+        Field::NvlinkBandwidthL2,
+        Field::NvlinkBandwidthL3,
+        Field::NvlinkBandwidthL4,
+        Field::NvlinkBandwidthL5,
+        Field::NvlinkBandwidthL6,
+        Field::NvlinkBandwidthL7,
+        Field::NvlinkBandwidthL8,
+        Field::NvlinkBandwidthL9,
+        Field::NvlinkBandwidthL10,
+        Field::NvlinkBandwidthL11,
+        Field::NvlinkBandwidthL12,
+        Field::NvlinkBandwidthL13,
+        Field::NvlinkBandwidthL14,
+        Field::NvlinkBandwidthL15,
+        Field::NvlinkBandwidthL16,
+        Field::NvlinkBandwidthL17,
+    ];
+
+    /// Families whose series carry their own labels (Xid code, clock event,
+    /// health watch, peer GPU) and which the exporter computes rather than
+    /// reads; one entity may have several series of them.
+    pub fn is_labeled_family(self) -> bool {
+        matches!(
+            self,
+            Field::XidErrorsCount
+                | Field::XidErrorsTotal
+                | Field::ClockEventsCount
+                | Field::ClockEventsTotal
+                | Field::GpuHealthStatus
+                | Field::P2pStatus
+        )
+    }
+}
+
+/// DCGM fields that exist but that nothing in NVML supplies, with the reason a
+/// counters file row naming them is refused (dcgm-exporter skips such rows as
+/// "metric not enabled").
+pub fn unsupported_reason(name: &str) -> Option<&'static str> {
+    const CYCLES: &str = "NVML GPM reports ratios over an interval, not cumulative cycle counters; this field needs DCGM's profiling module";
+    let exact = match name {
+        "DCGM_FI_PROF_PCIE_TX_BYTES_TOTAL" | "DCGM_FI_PROF_PCIE_RX_BYTES_TOTAL" => Some(
+            "NVML has no cumulative PCIe byte counter; use DCGM_FI_PROF_PCIE_TX_BYTES/RX_BYTES (bytes per second)",
+        ),
+        "DCGM_FI_PROF_NVLINK_TX_BYTES_TOTAL" | "DCGM_FI_PROF_NVLINK_RX_BYTES_TOTAL" => Some(
+            "NVML has no cumulative NVLink byte counter; use DCGM_FI_PROF_NVLINK_TX_BYTES/RX_BYTES (bytes per second)",
+        ),
+        "DCGM_FI_DEV_COUNT" => {
+            Some("a host-level count, not a per-GPU field; count the series instead")
+        }
+        _ => None,
+    };
+    if exact.is_some() {
+        return exact;
+    }
+    if name.starts_with("DCGM_FI_PROF_") && name.ends_with("_CYCLES_ACTIVE_TOTAL")
+        || name == "DCGM_FI_PROF_SM_CYCLES_ELAPSED_TOTAL"
+    {
+        return Some(CYCLES);
+    }
+    if name.starts_with("DCGM_FI_DEV_NVSWITCH_") {
+        return Some("NVSwitch fields come from DCGM's NVSwitch module (fabric manager), not NVML");
+    }
+    if name.starts_with("DCGM_FI_DEV_CPU_") {
+        return Some("Grace CPU fields come from DCGM's sysfs module, not NVML");
+    }
+    if name.starts_with("DCGM_FI_DEV_VGPU_") && name != "DCGM_FI_DEV_VGPU_LICENSE_STATUS" {
+        return Some("per-vGPU fields need a vGPU host driver and DCGM's vGPU support");
+    }
+    None
 }
 
 impl fmt::Display for Field {

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use super::catalog::{Field, MetricKind, ValueKind};
+use super::catalog::{Field, MetricKind, ValueKind, unsupported_reason};
 
 /// One usable row of a counters file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +61,8 @@ pub enum SkipReason {
     MissingColumns,
     /// The field name is not one this exporter can produce.
     UnknownField(String),
+    /// A DCGM field with no NVML source; the text says why.
+    NoSource(String, &'static str),
     /// The type column is not `gauge|counter|histogram|summary|label`.
     UnknownType(String),
     /// The field exists but cannot be emitted with that type.
@@ -90,9 +92,13 @@ impl fmt::Display for SkippedLine {
                 f,
                 "unknown field `{name}`; the row is skipped (check the spelling against the DCGM field names this exporter supports)"
             ),
+            SkipReason::NoSource(name, why) => {
+                write!(f, "`{name}` is not enabled: {why}; the row is skipped")
+            }
             SkipReason::UnknownType(t) => write!(
                 f,
-                "unknown metric type `{t}`; the row is skipped (use gauge, counter, histogram, summary or label)"
+                "unknown metric type `{}`; the row is skipped (use gauge, counter, histogram, summary or label)",
+                capped(t)
             ),
             SkipReason::UnsupportedKind(field, kind) => write!(
                 f,
@@ -133,6 +139,15 @@ pub enum CountersError {
     },
 }
 
+/// A name from the file as echoed in a message: at most 80 characters.
+fn capped(name: &str) -> String {
+    const MAX: usize = 80;
+    match name.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}...", &name[..cut]),
+        None => name.to_string(),
+    }
+}
+
 /// Parses the text of a counters CSV file.
 pub fn parse_counters(text: &str) -> Result<ParseReport, CountersError> {
     let mut set = CounterSet::default();
@@ -154,10 +169,12 @@ pub fn parse_counters(text: &str) -> Result<ParseReport, CountersError> {
         };
         let (name, kind, help) = (name.trim(), kind.trim(), help.trim());
         let Some(field) = Field::from_name(name) else {
-            skipped.push(SkippedLine {
-                line,
-                reason: SkipReason::UnknownField(name.to_string()),
-            });
+            let name = capped(name);
+            let reason = match unsupported_reason(&name) {
+                Some(why) => SkipReason::NoSource(name, why),
+                None => SkipReason::UnknownField(name),
+            };
+            skipped.push(SkippedLine { line, reason });
             continue;
         };
         let Some(kind) = MetricKind::parse(kind) else {

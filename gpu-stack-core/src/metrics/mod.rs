@@ -1,11 +1,13 @@
 //! DCGM-compatible GPU metrics, as pure data transformations: the metric
 //! catalog and default counter set, counters-CSV parsing, value formatting, pod
-//! attribution from kubelet pod-resources data, windowed Xid counts, and the
+//! attribution from kubelet pod-resources data, windowed Xid and clock event
+//! counts, GPU health per watch, and the
 //! rendering of a telemetry snapshot into dcgm-exporter's exposition text.
 
 pub mod attribution;
 pub mod catalog;
 pub mod counters;
+pub mod exp;
 pub mod format;
 pub mod identity;
 pub mod render;
@@ -21,6 +23,6 @@ pub use counters::{
 };
 pub use format::Value;
 pub use identity::{EntityIdentity, MigIdentity};
-pub use render::{EntitySample, Format, RenderOptions, render, render_into};
+pub use render::{EntitySample, Format, LabeledValue, RenderOptions, render, render_into};
 pub use snapshot::{GpuRound, NvlinkMark, ReadError, gpu_identity, gpu_samples, nvlink_rate_mib_s};
-pub use xid::{XidWindow, xid_message};
+pub use xid::{EventWindow, xid_message};

@@ -19,6 +19,17 @@ use super::format::{Value, write_help, write_label_value, write_value};
 pub use super::identity::{EntityIdentity, MigIdentity};
 use super::xid::xid_message;
 
+/// One series of a labeled family ([`Field::is_labeled_family`]): its own
+/// labels (printed after the label fields, sorted by name, as dcgm-exporter's
+/// template does) and its value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabeledValue {
+    /// Label names and values, e.g. `("xid", "79")`.
+    pub labels: Vec<(&'static str, String)>,
+    /// The value.
+    pub value: Value,
+}
+
 /// One entity's sampled values. Fields without a value (not supported, not
 /// permitted, or failed) are simply absent and their series are omitted.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,8 +37,12 @@ pub struct EntitySample {
     /// Whose values these are.
     pub identity: EntityIdentity,
     values: Vec<Option<Value>>,
-    /// Xid count per code within the window (`DCGM_EXP_XID_ERRORS_COUNT`).
-    pub xid_counts: BTreeMap<u32, u64>,
+    /// Series of the labeled families (Xid and clock event counts, health,
+    /// P2P status), per family.
+    pub labeled: BTreeMap<Field, Vec<LabeledValue>>,
+    /// Values of text fields, printed as labels when the counter set names
+    /// them (`DCGM_FI_DEV_SERIAL`, ...).
+    pub text: BTreeMap<Field, String>,
 }
 
 impl EntitySample {
@@ -36,7 +51,8 @@ impl EntitySample {
         Self {
             identity,
             values: vec![None; Field::COUNT],
-            xid_counts: BTreeMap::new(),
+            labeled: BTreeMap::new(),
+            text: BTreeMap::new(),
         }
     }
 
@@ -115,8 +131,12 @@ pub struct RenderOptions {
     pub hostname_label: String,
     /// Driver version for the `DCGM_FI_DRIVER_VERSION` label field.
     pub driver_version: Option<String>,
+    /// NVML version for the `DCGM_FI_NVML_VERSION` label field.
+    pub nvml_version: Option<String>,
     /// `window_size_in_ms` label of `DCGM_EXP_XID_ERRORS_COUNT`.
     pub xid_window_ms: u64,
+    /// Window of `DCGM_EXP_CLOCK_EVENTS_COUNT` in milliseconds.
+    pub clock_events_window_ms: u64,
 }
 
 impl Default for RenderOptions {
@@ -125,7 +145,9 @@ impl Default for RenderOptions {
             hostname: None,
             hostname_label: "Hostname".to_string(),
             driver_version: None,
+            nvml_version: None,
             xid_window_ms: 300_000,
+            clock_events_window_ms: 300_000,
         }
     }
 }
@@ -140,7 +162,8 @@ fn push_label(out: &mut String, name: &str, value: &str) {
     out.push('"');
 }
 
-fn entity_prefix(e: &EntityIdentity, set: &CounterSet, opts: &RenderOptions) -> String {
+fn entity_prefix(sample: &EntitySample, set: &CounterSet, opts: &RenderOptions) -> String {
+    let e = &sample.identity;
     let mut s = String::with_capacity(192);
     push_label(&mut s, "gpu", &e.gpu.to_string());
     push_label(&mut s, "UUID", &e.uuid);
@@ -154,26 +177,41 @@ fn entity_prefix(e: &EntityIdentity, set: &CounterSet, opts: &RenderOptions) -> 
     if let Some(h) = &opts.hostname {
         push_label(&mut s, &opts.hostname_label, h);
     }
-    for label in &set.labels {
-        if label.field == Field::DriverVersion
-            && let Some(v) = &opts.driver_version
-        {
-            push_label(&mut s, label.field.name(), v);
-        }
+    // dcgm-exporter's template prints its label map in sorted key order.
+    let mut labels: Vec<(&str, &str)> = set
+        .labels
+        .iter()
+        .filter_map(|l| {
+            let value = match l.field {
+                Field::DriverVersion => opts.driver_version.as_deref(),
+                Field::NvmlVersion => opts.nvml_version.as_deref(),
+                f => sample.text.get(&f).map(String::as_str),
+            };
+            value.map(|v| (l.field.name(), v))
+        })
+        .collect();
+    labels.sort_unstable();
+    for (name, value) in labels {
+        push_label(&mut s, name, value);
     }
     s
 }
 
-/// Extra labels of one series, merged with the pod labels in sorted key order
-/// (the order dcgm-exporter's template prints its attribute map in).
+/// One series: the entity's prefix, the family's own labels (sorted; they
+/// belong to dcgm-exporter's label map), then the attributes (`err_code`,
+/// `err_msg` and the pod labels) in sorted key order, as dcgm-exporter's
+/// template prints its attribute map.
 fn write_series(
     out: &mut String,
     name: &str,
     prefix: &str,
+    labels: &[(&str, &str)],
     extra: &[(&str, &str)],
     pod: Option<&Attribution>,
     value: Value,
 ) {
+    let mut own: Vec<(&str, &str)> = labels.to_vec();
+    own.sort_unstable_by(|a, b| a.0.cmp(b.0));
     let mut attrs: Vec<(&str, &str)> = extra.to_vec();
     if let Some(p) = pod {
         attrs.push(("container", &p.container));
@@ -184,7 +222,7 @@ fn write_series(
     out.push_str(name);
     out.push('{');
     out.push_str(prefix);
-    for (k, v) in attrs {
+    for (k, v) in own.into_iter().chain(attrs) {
         out.push(',');
         out.push_str(k);
         out.push_str("=\"");
@@ -214,14 +252,15 @@ pub fn render_into(
 ) {
     let prefixes: Vec<String> = samples
         .iter()
-        .map(|s| entity_prefix(&s.identity, set, opts))
+        .map(|s| entity_prefix(s, set, opts))
         .collect();
-    let window = opts.xid_window_ms.to_string();
     let openmetrics = format == Format::OpenMetrics;
     for spec in &set.metrics {
         let field = spec.field;
-        let present = if field == Field::XidErrorsCount {
-            samples.iter().any(|s| !s.xid_counts.is_empty())
+        let present = if field.is_labeled_family() {
+            samples
+                .iter()
+                .any(|s| s.labeled.get(&field).is_some_and(|v| !v.is_empty()))
         } else {
             samples.iter().any(|s| s.get(field).is_some())
         };
@@ -242,16 +281,15 @@ pub fn render_into(
             } else {
                 pods.iter().map(Some).collect()
             };
-            if field == Field::XidErrorsCount {
-                for (code, count) in &sample.xid_counts {
-                    let code = code.to_string();
-                    let extra = [
-                        ("window_size_in_ms", window.as_str()),
-                        ("xid", code.as_str()),
-                    ];
+            if field.is_labeled_family() {
+                for series in sample.labeled.get(&field).into_iter().flatten() {
+                    let labels: Vec<(&str, &str)> = series
+                        .labels
+                        .iter()
+                        .map(|(k, v)| (*k, v.as_str()))
+                        .collect();
                     for pod in &pods {
-                        let v = Value::Int(i64::try_from(*count).unwrap_or(i64::MAX));
-                        write_series(out, field.name(), prefix, &extra, *pod, v);
+                        write_series(out, field.name(), prefix, &labels, &[], *pod, series.value);
                     }
                 }
                 continue;
@@ -268,12 +306,12 @@ pub fn render_into(
                 let msg = u32::try_from(code).map_or("Unknown Error", xid_message);
                 let extra = [("err_code", code_text.as_str()), ("err_msg", msg)];
                 for pod in &pods {
-                    write_series(out, field.name(), prefix, &extra, *pod, value);
+                    write_series(out, field.name(), prefix, &[], &extra, *pod, value);
                 }
                 continue;
             }
             for pod in &pods {
-                write_series(out, field.name(), prefix, &[], *pod, value);
+                write_series(out, field.name(), prefix, &[], &[], *pod, value);
             }
         }
     }
@@ -352,7 +390,13 @@ DCGM_FI_DEV_POWER_USAGE{gpu=\"0\",UUID=\"GPU-00000000-aaaa-bbbb-cccc-ddddddddddd
         });
         let mut s = EntitySample::new(id.clone());
         s.set(Field::XidErrors, Value::Int(79));
-        s.xid_counts.insert(79, 2);
+        s.labeled.insert(
+            Field::XidErrorsCount,
+            vec![LabeledValue {
+                labels: vec![("xid", "79".into()), ("window_size_in_ms", "300000".into())],
+                value: Value::Int(2),
+            }],
+        );
         let pods = attribute(
             &[ContainerDevices {
                 pod: "train-0".into(),
@@ -368,7 +412,7 @@ DCGM_FI_DEV_POWER_USAGE{gpu=\"0\",UUID=\"GPU-00000000-aaaa-bbbb-cccc-ddddddddddd
         o.hostname_label = "hostname".into();
         let text = render(&set, &[s], &pods, &o, Format::Prometheus);
         assert!(text.contains("DCGM_FI_DEV_XID_ERRORS{gpu=\"1\",UUID=\"GPU-00000001-aaaa-bbbb-cccc-dddddddddddd\",pci_bus_id=\"00000000:08:00.0\",device=\"nvidia1\",modelName=\"NVIDIA A100-SXM4-40GB\",GPU_I_PROFILE=\"3g.20gb\",GPU_I_ID=\"2\",hostname=\"node-1\",DCGM_FI_DRIVER_VERSION=\"550.54.15\",container=\"cuda\",err_code=\"79\",err_msg=\"GPU has fallen off the bus\",namespace=\"ml\",pod=\"train-0\"} 79\n"), "{text}");
-        assert!(text.contains(",container=\"cuda\",namespace=\"ml\",pod=\"train-0\",window_size_in_ms=\"300000\",xid=\"79\"} 2\n"), "{text}");
+        assert!(text.contains(",DCGM_FI_DRIVER_VERSION=\"550.54.15\",window_size_in_ms=\"300000\",xid=\"79\",container=\"cuda\",namespace=\"ml\",pod=\"train-0\"} 2\n"), "{text}");
     }
 
     #[test]

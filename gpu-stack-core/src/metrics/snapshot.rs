@@ -4,7 +4,7 @@
 //! the list of read errors for the exporter's own error counters.
 
 use crate::backend::{
-    FbMemory, GpuInfo, GpuInstance, GpuTelemetry, MigTelemetry, Profiling, Reading,
+    DeviceStrings, FbMemory, GpuInfo, GpuInstance, GpuTelemetry, MigTelemetry, Profiling, Reading,
 };
 
 use super::catalog::Field;
@@ -100,24 +100,102 @@ fn int_u64(v: u64) -> Value {
 fn set_profiling(sample: &mut EntitySample, p: &Profiling) {
     let ratios = [
         (Field::ProfGrEngineActive, p.gr_engine_active),
+        (Field::ProfSmActive, p.sm_active),
+        (Field::ProfSmOccupancy, p.sm_occupancy),
         (Field::ProfPipeTensorActive, p.tensor_active),
         (Field::ProfDramActive, p.dram_active),
+        (Field::ProfPipeFp64Active, p.fp64_active),
+        (Field::ProfPipeFp32Active, p.fp32_active),
+        (Field::ProfPipeFp16Active, p.fp16_active),
     ];
     for (field, v) in ratios {
         if let Some(v) = v {
-            sample.set(field, Value::Double(v));
+            sample.set(field, Value::Double(v.clamp(0.0, 1.0)));
         }
+    }
+    let rates = [
+        (Field::ProfNvlinkTxBytes, p.nvlink_tx_bytes_per_s),
+        (Field::ProfNvlinkRxBytes, p.nvlink_rx_bytes_per_s),
+    ];
+    for (field, v) in rates {
+        if let Some(v) = v.filter(|v| v.is_finite() && *v >= 0.0) {
+            sample.set(field, Value::Int(v.round().min(i64::MAX as f64) as i64));
+        }
+    }
+}
+
+/// Sets the text fields (printed as labels when the counter set asks).
+fn set_strings(sample: &mut EntitySample, d: &DeviceStrings) {
+    let strings = [
+        (Field::DevBrand, &d.brand),
+        (Field::DevSerial, &d.serial),
+        (Field::VbiosVersion, &d.vbios_version),
+        (Field::OemInforomVer, &d.oem_inforom_version),
+        (Field::EccInforomVer, &d.ecc_inforom_version),
+        (Field::PowerInforomVer, &d.power_inforom_version),
+        (Field::InforomImageVer, &d.inforom_image_version),
+    ];
+    for (field, v) in strings {
+        if let Some(v) = v {
+            sample.text.insert(field, v.clone());
+        }
+    }
+}
+
+/// The error, throttling and NVLink fields beyond dcgm-exporter's defaults.
+fn set_health_fields(sample: &mut EntitySample, t: &GpuTelemetry, sink: &mut Sink<'_>) {
+    if let Some(v) = sink.take("violation_status", &t.violations) {
+        let causes = [
+            (Field::PowerViolation, v.power_ns),
+            (Field::ThermalViolation, v.thermal_ns),
+            (Field::SyncBoostViolation, v.sync_boost_ns),
+            (Field::BoardLimitViolation, v.board_limit_ns),
+            (Field::LowUtilViolation, v.low_util_ns),
+            (Field::ReliabilityViolation, v.reliability_ns),
+        ];
+        for (field, ns) in causes {
+            if let Some(ns) = ns {
+                sample.set(field, int_u64(ns));
+            }
+        }
+    }
+    if let Some(v) = sink.take("clocks_event_reasons", &t.clocks_event_reasons) {
+        sample.set(Field::ClocksEventReasons, int_u64(v));
+    }
+    if let Some(e) = sink.take("total_ecc_errors", &t.ecc_errors) {
+        sample.set(Field::EccSbeVolTotal, int_u64(e.sbe_volatile));
+        sample.set(Field::EccDbeVolTotal, int_u64(e.dbe_volatile));
+        sample.set(Field::EccSbeAggTotal, int_u64(e.sbe_aggregate));
+        sample.set(Field::EccDbeAggTotal, int_u64(e.dbe_aggregate));
+    }
+    if let Some(r) = sink.take("retired_pages", &t.retired_pages) {
+        sample.set(Field::RetiredSbe, int_u64(r.single_bit));
+        sample.set(Field::RetiredDbe, int_u64(r.double_bit));
+        sample.set(Field::RetiredPending, int(i64::from(r.pending)));
+    }
+    if let Some(n) = sink.take("nvlink_error_counter", &t.nvlink_errors) {
+        sample.set(Field::NvlinkCrcFlitErrorCountTotal, int_u64(n.crc_flit));
+        sample.set(Field::NvlinkCrcDataErrorCountTotal, int_u64(n.crc_data));
+        sample.set(Field::NvlinkReplayErrorCountTotal, int_u64(n.replay));
+        sample.set(Field::NvlinkRecoveryErrorCountTotal, int_u64(n.recovery));
     }
 }
 
 /// Fills the GPU-level fields of `sample` (everything but utilizations, FB and
 /// profiling ratios, which the caller sets per entity kind).
-fn set_device_fields(
-    sample: &mut EntitySample,
-    t: &GpuTelemetry,
-    sink: &mut Sink<'_>,
-    nvlink_rate: Option<i64>,
-) {
+fn set_device_fields(sample: &mut EntitySample, round: &GpuRound<'_>, sink: &mut Sink<'_>) {
+    let t = round.telemetry;
+    set_health_fields(sample, t, sink);
+    for (field, rate) in Field::NVLINK_LINKS
+        .iter()
+        .zip(round.nvlink_link_rates_mib_s)
+    {
+        sample.set(*field, Value::Int(*rate));
+    }
+    if let Some(d) = round.strings {
+        set_strings(sample, d);
+    }
+    let nvlink_rate = round.nvlink_rate_mib_s;
     if let Some(v) = sink.take("sm_clock", &t.sm_clock_mhz) {
         sample.set(Field::SmClock, int(v));
     }
@@ -148,9 +226,11 @@ fn set_device_fields(
         sample.set(Field::RowRemapFailure, int(i64::from(rows.failed)));
     }
     if let Some(v) = sink.take("pcie_tx_throughput", &t.pcie_tx_kib_per_s) {
+        sample.set(Field::PcieTxThroughput, int(v));
         sample.set(Field::ProfPcieTxBytes, int(i64::from(v) * 1024));
     }
     if let Some(v) = sink.take("pcie_rx_throughput", &t.pcie_rx_kib_per_s) {
+        sample.set(Field::PcieRxThroughput, int(v));
         sample.set(Field::ProfPcieRxBytes, int(i64::from(v) * 1024));
     }
     if let Some(v) = sink.take("last_xid", &t.last_xid) {
@@ -169,6 +249,10 @@ pub struct GpuRound<'a> {
     pub mig: Option<(&'a [GpuInstance], &'a [MigTelemetry])>,
     /// NVLink MiB/s computed from the previous round, if any.
     pub nvlink_rate_mib_s: Option<i64>,
+    /// The same per link (empty before the second round).
+    pub nvlink_link_rates_mib_s: &'a [i64],
+    /// Brand, serial, VBIOS and inforom versions, read once at start.
+    pub strings: Option<&'a DeviceStrings>,
 }
 
 /// Entity samples of one GPU: one for the whole GPU, or, with MIG on and at
@@ -186,7 +270,7 @@ pub fn gpu_samples(round: GpuRound<'_>, errors: &mut Vec<ReadError>) -> Vec<Enti
     };
     let Some((gis, tel)) = instances else {
         let mut s = EntitySample::new(gpu_identity(round.info));
-        set_device_fields(&mut s, t, &mut sink, round.nvlink_rate_mib_s);
+        set_device_fields(&mut s, &round, &mut sink);
         if let Some(v) = sink.take("gpu_util", &t.gpu_util_pct) {
             s.set(Field::GpuUtil, int(v));
         }
@@ -208,7 +292,7 @@ pub fn gpu_samples(round: GpuRound<'_>, errors: &mut Vec<ReadError>) -> Vec<Enti
     };
     // Device-level fields are read once and repeated on every GPU instance.
     let mut device = EntitySample::new(gpu_identity(round.info));
-    set_device_fields(&mut device, t, &mut sink, round.nvlink_rate_mib_s);
+    set_device_fields(&mut device, &round, &mut sink);
     let mut out = Vec::with_capacity(gis.len());
     for gi in gis {
         let mut s = device.clone();
@@ -326,6 +410,8 @@ mod tests {
             telemetry: &t,
             mig: None,
             nvlink_rate_mib_s: None,
+            nvlink_link_rates_mib_s: &[],
+            strings: None,
         };
         let s = gpu_samples(round, &mut errors);
         assert_eq!(s.len(), 1);
@@ -366,6 +452,8 @@ mod tests {
             telemetry: &t,
             mig: Some((&gis, &tel)),
             nvlink_rate_mib_s: Some(7),
+            nvlink_link_rates_mib_s: &[3, 4],
+            strings: None,
         };
         let s = gpu_samples(round, &mut errors);
         assert_eq!(s.len(), 2);

@@ -34,19 +34,20 @@ pub fn xid_message(code: u32) -> &'static str {
     }
 }
 
-/// Xid events of one GPU (or MIG instance) within a sliding window.
+/// Coded events of one GPU (or MIG instance) within a sliding window: Xid
+/// codes, or clock event reason bits seen at each collection.
 ///
 /// Bounded: at most `capacity` events are kept; older ones are dropped first, so
 /// an Xid storm cannot grow memory without limit.
 #[derive(Debug, Clone)]
-pub struct XidWindow {
+pub struct EventWindow {
     window_ms: u64,
     capacity: usize,
     events: VecDeque<(u64, u32)>,
     last: Option<u32>,
 }
 
-impl XidWindow {
+impl EventWindow {
     /// A window of `window_ms` milliseconds keeping at most `capacity` events.
     pub fn new(window_ms: u64, capacity: usize) -> Self {
         Self {
@@ -62,7 +63,7 @@ impl XidWindow {
         self.window_ms
     }
 
-    /// Records Xid `code` seen at `at_ms` (any monotonic millisecond clock).
+    /// Records `code` seen at `at_ms` (any monotonic millisecond clock).
     pub fn record(&mut self, at_ms: u64, code: u32) {
         if self.events.len() == self.capacity {
             self.events.pop_front();
@@ -71,7 +72,7 @@ impl XidWindow {
         self.last = Some(code);
     }
 
-    /// The last Xid ever recorded (what `DCGM_FI_DEV_XID_ERRORS` reports).
+    /// The last code ever recorded (for Xids, what `DCGM_FI_DEV_XID_ERRORS` reports).
     pub fn last(&self) -> Option<u32> {
         self.last
     }
@@ -109,7 +110,7 @@ mod tests {
 
     #[test]
     fn counts_fall_off_after_the_window() {
-        let mut w = XidWindow::new(1000, 16);
+        let mut w = EventWindow::new(1000, 16);
         w.record(10_000, 79);
         w.record(10_500, 79);
         w.record(10_600, 13);
@@ -128,7 +129,7 @@ mod tests {
             cap in 1usize..64,
         ) {
             times.sort_unstable();
-            let mut w = XidWindow::new(window, cap);
+            let mut w = EventWindow::new(window, cap);
             for (i, t) in times.iter().enumerate() { w.record(*t, codes[i]); }
             let now = times.last().copied().unwrap_or(0);
             let kept: Vec<(u64, u32)> = times.iter().enumerate().map(|(i, t)| (*t, codes[i])).collect();
