@@ -16,10 +16,10 @@ use gpu_stack_core::backend::{Fault, FaultSpec, GpuBackend};
 use gpu_stack_core::deviceplugin::{
     HealthPolicy, Overrides, Settings, allocate_container, node_resources,
 };
-use gpu_stack_k8s::kubelet::deviceplugin::api;
 use gpu_stack_k8s::deviceplugin::health::{BackendProbe, spawn_backend_health};
 use gpu_stack_k8s::deviceplugin::node::read_node_gpus;
 use gpu_stack_k8s::deviceplugin::{DevicePlugins, PluginOptions};
+use gpu_stack_k8s::kubelet::deviceplugin::api;
 use gpu_stack_k8s::kubelet_standin::KubeletStandin;
 use gpu_stack_nvml::{SimNodeSpec, SimulatedBackend};
 

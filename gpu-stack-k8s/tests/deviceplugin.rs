@@ -778,7 +778,8 @@ impl gpu_stack_k8s::kubelet::deviceplugin::api::registration_server::Registratio
     async fn register(
         &self,
         _: tonic::Request<gpu_stack_k8s::kubelet::deviceplugin::api::RegisterRequest>,
-    ) -> Result<tonic::Response<gpu_stack_k8s::kubelet::deviceplugin::api::Empty>, tonic::Status> {
+    ) -> Result<tonic::Response<gpu_stack_k8s::kubelet::deviceplugin::api::Empty>, tonic::Status>
+    {
         Ok(tonic::Response::new(
             gpu_stack_k8s::kubelet::deviceplugin::api::Empty {},
         ))

@@ -3,7 +3,6 @@
 //! exporter on loopback, and pod attribution through a stand-in kubelet
 //! (kubelet down, up, restarted).
 
-use std::io::Read as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -167,46 +166,36 @@ fn promtool_check(text: &str) -> (i32, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("promtool is needed for this test: install Debian's `prometheus` package (.ci/run does)");
-    {
+    // Feed stdin from another thread: promtool reports while it reads, and a
+    // full stderr pipe would otherwise block both sides.
+    let mut stdin = child.stdin.take().unwrap();
+    let input = text.to_string();
+    let writer = std::thread::spawn(move || {
         use std::io::Write as _;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(text.as_bytes()).unwrap();
-    }
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let status = child.wait().unwrap();
-    (status.code().unwrap_or(-1), out)
+        let _ = stdin.write_all(input.as_bytes());
+    });
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    let mut out = String::from_utf8_lossy(&output.stdout).into_owned();
+    out.push_str(&String::from_utf8_lossy(&output.stderr));
+    (output.status.code().unwrap_or(-1), out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promtool_accepts_the_output() {
     let b: Arc<dyn GpuBackend> = backend(true);
-    let exporter = exporter::start(b, config(Duration::from_secs(3600))).unwrap();
+    let exporter = Arc::new(
+        exporter::start(
+            b,
+            ExporterConfig {
+                openmetrics: true,
+                ..config(Duration::from_secs(3600))
+            },
+        )
+        .unwrap(),
+    );
     wait_all_gpus(&exporter, 8).await;
-    let listener = exporter::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let router = exporter::router(&exporter);
-    let server = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let (addr, stop, server) = serve_in_background(&exporter).await;
     let (status, headers, body) = http_get(addr, "/metrics", None).await;
     assert_eq!(status, 200);
     assert!(headers.contains("text/plain; version=0.0.4"), "{headers}");
@@ -238,7 +227,7 @@ async fn promtool_accepts_the_output() {
     assert_eq!((status, health.as_str()), (200, "OK"));
     let _ = stop.send(());
     server.await.unwrap().unwrap();
-    exporter.shutdown();
+    drop(exporter);
 }
 
 async fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, String, String) {
@@ -475,7 +464,7 @@ async fn pods_are_attributed_through_the_kubelet_and_survive_its_restarts() {
 }
 
 async fn serve_in_background(
-    exporter: &Exporter,
+    exporter: &Arc<Exporter>,
 ) -> (
     SocketAddr,
     tokio::sync::oneshot::Sender<()>,
@@ -486,13 +475,12 @@ async fn serve_in_background(
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let router = exporter::router(exporter);
+    let exporter = exporter.clone();
     let server = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
+        exporter::serve(listener, &exporter, async {
+            let _ = stopped.await;
+        })
+        .await
     });
     (addr, stop, server)
 }
@@ -511,7 +499,7 @@ async fn a_hung_gpu_does_not_block_the_others_or_scrapes() {
     })
     .unwrap();
     let b: Arc<dyn GpuBackend> = sim;
-    let exporter = exporter::start(b, config(Duration::from_secs(3600))).unwrap();
+    let exporter = Arc::new(exporter::start(b, config(Duration::from_secs(3600))).unwrap());
     wait_all_gpus(&exporter, 7).await;
     let (addr, stop, server) = serve_in_background(&exporter).await;
     let (status, _, body) =
@@ -523,7 +511,6 @@ async fn a_hung_gpu_does_not_block_the_others_or_scrapes() {
     assert!(!body.contains("gpu=\"3\""));
     let _ = stop.send(());
     server.await.unwrap().unwrap();
-    exporter.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -551,14 +538,239 @@ async fn xid_events_show_as_last_xid_and_windowed_counts() {
     .await;
     let count_line = text
         .lines()
-        .find(|l| l.starts_with("DCGM_EXP_XID_ERRORS_COUNT{"))
+        .find(|l| l.starts_with("DCGM_EXP_XID_ERRORS_COUNT{") && l.contains("xid="))
         .unwrap();
     assert!(count_line.contains("gpu=\"2\""), "{count_line}");
-    assert_eq!(
-        text.lines()
-            .filter(|l| l.starts_with("DCGM_EXP_XID_ERRORS_COUNT{"))
-            .count(),
-        1
+    // One series with the code; every other GPU has its 0 series.
+    let counts: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("DCGM_EXP_XID_ERRORS_COUNT{"))
+        .collect();
+    assert_eq!(counts.len(), 8);
+    assert_eq!(counts.iter().filter(|l| l.contains("xid=")).count(), 1);
+    assert!(
+        counts
+            .iter()
+            .filter(|l| !l.contains("xid="))
+            .all(|l| l.ends_with(",window_size_in_ms=\"300000\"} 0"))
     );
     exporter.shutdown();
+}
+
+/// An HGX H100 with every GPU split into seven 1g.10gb instances.
+fn h100_mig_backend() -> Arc<SimulatedBackend> {
+    let fleet = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fleets/hgx-h100-mig.yaml");
+    let spec = SimNodeSpec::from_fleet_file(&fleet, None).unwrap();
+    let (clock, _handle) = SimClock::manual();
+    Arc::new(SimulatedBackend::with_clock(&spec, clock).unwrap())
+}
+
+fn all_fields() -> gpu_stack_core::metrics::CounterSet {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../gpu-stack-core/tests/data/metrics/dcgm-exporter-all-fields.csv"),
+    )
+    .unwrap();
+    gpu_stack_core::metrics::parse_counters(&text).unwrap().set
+}
+
+/// Two H100s: one whole, one split into three instances.
+fn h100_pair_backend() -> Arc<SimulatedBackend> {
+    let fleet = gpu_stack_core::fleet::Fleet::from_yaml(
+        "nodes:\n  - name: hgx-h100-0\n    telemetry: {seed: 300, utilization-pct: 65, jitter-pct: 15, memory-used-pct: 50, tick-ms: 1000}\n    gpus:\n      - model: H100-SXM5-80GB\n      - model: H100-SXM5-80GB\n        mig: {enabled: true, instances: [\"3g.40gb@4\", \"2g.20gb@0\", \"1g.10gb@2\"]}\n",
+    )
+    .unwrap();
+    let spec = SimNodeSpec::from_fleet(&fleet, None).unwrap();
+    let (clock, _handle) = SimClock::manual();
+    Arc::new(SimulatedBackend::with_clock(&spec, clock).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn golden_h100_with_every_field_turned_on() {
+    let b: Arc<dyn GpuBackend> = h100_pair_backend();
+    let exporter = exporter::start(
+        b,
+        ExporterConfig {
+            counters: all_fields(),
+            ..config(Duration::from_secs(3600))
+        },
+    )
+    .unwrap();
+    wait_all_gpus(&exporter, 2).await;
+    let text = String::from_utf8(exporter.snapshot().prometheus.to_vec()).unwrap();
+    check_golden("exporter-h100-all-fields.prom", &text);
+    // Whole GPU and instances both carry the GPM ratios.
+    assert_eq!(text.matches("DCGM_FI_PROF_SM_OCCUPANCY{").count(), 4);
+    exporter.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_field_on_8_h100_with_7_instances_each() {
+    let b: Arc<dyn GpuBackend> = h100_mig_backend();
+    let exporter = exporter::start(
+        b,
+        ExporterConfig {
+            counters: all_fields(),
+            ..config(Duration::from_secs(3600))
+        },
+    )
+    .unwrap();
+    wait_all_gpus(&exporter, 8).await;
+    let text = String::from_utf8(exporter.snapshot().prometheus.to_vec()).unwrap();
+    // 56 instances; GPM ratios per instance, bounded, occupancy under activity.
+    assert_eq!(text.matches("DCGM_FI_PROF_SM_ACTIVE{").count(), 56);
+    for line in text.lines().filter(|l| l.starts_with("DCGM_FI_PROF_")) {
+        let (name, v) = line.rsplit_once("} ").unwrap();
+        let v: f64 = v.parse().unwrap();
+        if !name.contains("BYTES") {
+            assert!((0.0..=1.0).contains(&v), "{line}");
+        }
+    }
+    // Label fields in dcgm-exporter's sorted order on every series.
+    let temp = text
+        .lines()
+        .find(|l| l.starts_with("DCGM_FI_DEV_GPU_TEMP{"))
+        .unwrap();
+    let order = [
+        "DCGM_FI_DEV_BRAND=",
+        "DCGM_FI_DEV_ECC_INFOROM_VER=",
+        "DCGM_FI_DEV_SERIAL=",
+        "DCGM_FI_DEV_VBIOS_VERSION=",
+        "DCGM_FI_DRIVER_VERSION=",
+        "DCGM_FI_NVML_VERSION=",
+    ];
+    let pos: Vec<usize> = order.iter().map(|k| temp.find(k).unwrap()).collect();
+    assert!(pos.windows(2).all(|w| w[0] < w[1]), "{temp}");
+    // Health: ten watches per instance, all passing on a healthy node.
+    assert_eq!(text.matches("DCGM_EXP_GPU_HEALTH_STATUS{").count(), 560);
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("DCGM_EXP_GPU_HEALTH_STATUS{") && !l.ends_with("} 0"))
+    );
+    // P2P: seven peers per GPU, over NVLink.
+    assert!(text.contains("link_status=\"OK\",peer_gpu=\"7\"} 0\n"));
+    // Before the first Xid: one 0 series per entity with only the window label.
+    let zero = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("DCGM_EXP_XID_ERRORS_COUNT{")
+                && l.ends_with(",window_size_in_ms=\"300000\"} 0")
+        })
+        .count();
+    assert_eq!(zero, 56);
+    let (code, out) = promtool_check(&text);
+    assert!(code == 0 || code == 3, "promtool exit {code}: {out}");
+    exporter.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_that_falls_off_the_bus_keeps_reporting_xid_79() {
+    use gpu_stack_core::backend::{Fault, FaultSpec};
+    let sim = backend(false);
+    let b: Arc<dyn GpuBackend> = sim.clone();
+    let exporter = exporter::start(b, config(Duration::from_millis(100))).unwrap();
+    wait_all_gpus(&exporter, 8).await;
+    sim.inject(FaultSpec {
+        gpu: Some(5),
+        at_ms: 0,
+        fault: Fault::FallOffBus,
+    })
+    .unwrap();
+    let text = wait_snapshot(&exporter, "Xid 79 on the lost GPU", |t| {
+        t.lines().any(|l| {
+            l.starts_with("DCGM_EXP_XID_ERRORS_COUNT{gpu=\"5\"") && l.contains("xid=\"79\"")
+        }) && !t.contains("DCGM_FI_DEV_GPU_TEMP{gpu=\"5\"")
+    })
+    .await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("DCGM_FI_DEV_XID_ERRORS{gpu=\"5\"")
+                && l.contains("err_code=\"79\",err_msg=\"GPU has fallen off the bus\"} 79")),
+        "{text}"
+    );
+    assert_eq!(text.matches("DCGM_FI_DEV_GPU_TEMP{").count(), 7);
+    exporter.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overheating_gpu_shows_thermal_events_and_a_thermal_warning() {
+    use gpu_stack_core::backend::{Fault, FaultSpec};
+    let sim = backend(false);
+    let b: Arc<dyn GpuBackend> = sim.clone();
+    let exporter = exporter::start(
+        b,
+        ExporterConfig {
+            counters: all_fields(),
+            ..config(Duration::from_millis(100))
+        },
+    )
+    .unwrap();
+    wait_all_gpus(&exporter, 8).await;
+    sim.inject(FaultSpec {
+        gpu: Some(1),
+        at_ms: 0,
+        fault: Fault::Overheat { temp_c: 92 },
+    })
+    .unwrap();
+    let text = wait_snapshot(&exporter, "thermal warning on GPU 1", |t| {
+        t.lines().any(|l| {
+            l.starts_with("DCGM_EXP_GPU_HEALTH_STATUS{gpu=\"1\"")
+                && l.contains("health_error_code=\"DCGM_FR_CLOCK_THROTTLE_THERMAL\",health_watch=\"THERMAL\"} 10")
+        })
+    })
+    .await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("DCGM_FI_DEV_GPU_TEMP{gpu=\"1\"") && l.ends_with("} 92"))
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("DCGM_EXP_CLOCK_EVENTS_COUNT{gpu=\"1\"")
+                && l.contains("clock_event=\"sw_thermal\""))
+    );
+    exporter.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_text_format_is_served_unless_openmetrics_is_on_and_idle_connections_are_closed() {
+    let b: Arc<dyn GpuBackend> = backend(false);
+    let exporter = Arc::new(
+        exporter::start(
+            b,
+            ExporterConfig {
+                header_read_timeout: Duration::from_millis(300),
+                ..config(Duration::from_secs(3600))
+            },
+        )
+        .unwrap(),
+    );
+    wait_all_gpus(&exporter, 8).await;
+    let (addr, stop, server) = serve_in_background(&exporter).await;
+    let prometheus_accept =
+        "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+    let (status, headers, body) = http_get(addr, "/metrics", Some(prometheus_accept)).await;
+    assert_eq!(status, 200);
+    assert!(headers.contains("text/plain; version=0.0.4"), "{headers}");
+    assert!(body.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n"));
+    assert!(!body.contains("# EOF"));
+    // A client that connects and sends nothing is disconnected.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), idle.read_to_end(&mut buf)).await;
+    assert!(
+        closed.is_ok(),
+        "an idle connection must be closed by the server"
+    );
+    // Half a request line, then silence: closed too.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut buf)).await;
+    assert!(closed.is_ok(), "a slow request must be cut off");
+    let (status, _, _) = http_get(addr, "/health", None).await;
+    assert_eq!(status, 200, "the server still answers");
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
 }

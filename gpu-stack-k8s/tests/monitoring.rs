@@ -730,8 +730,8 @@ fn expected_shapes() -> BTreeMap<(&'static str, &'static str), Shape> {
         (("Memory temperature", "A"), gpus),
         (("SM clock", "A"), gpus),
         (("SM clock", "B"), gpus),
-        // No Xid has happened.
-        (("Xid errors", "A"), [Empty, Empty, Empty]),
+        // No Xid has happened: the exporter's 0 series, one per GPU.
+        (("Xid errors", "A"), gpus),
         (("Last Xid per GPU", "A"), gpus),
         (("ECC errors", "A"), ecc),
         (("ECC errors", "B"), ecc),

@@ -66,6 +66,17 @@ pub struct Args {
     /// Window of DCGM_EXP_XID_ERRORS_COUNT in milliseconds.
     #[arg(long = "xid-count-window-size", default_value_t = 300_000)]
     xid_count_window_ms: u64,
+    /// Window of DCGM_EXP_CLOCK_EVENTS_COUNT in milliseconds.
+    #[arg(long = "clock-events-count-window-size", default_value_t = 300_000)]
+    clock_events_count_window_ms: u64,
+    /// Also serve OpenMetrics to scrapers that ask for it. Off by default, as
+    /// in dcgm-exporter: OpenMetrics types the DCGM counters `unknown`.
+    #[arg(long)]
+    enable_openmetrics: bool,
+    /// Close a connection that has not sent a request's headers within this
+    /// many seconds (idle keep-alive and slow clients).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    header_read_timeout_seconds: u64,
     #[command(flatten)]
     backend: BackendArgs,
     /// Log as JSON lines.
@@ -121,7 +132,9 @@ pub async fn run(args: Args, started: Instant) -> Result<(), Failure> {
             hostname: hostname(&args),
             hostname_label: args.hostname_label.clone(),
             driver_version: None,
+            nvml_version: None,
             xid_window_ms: args.xid_count_window_ms,
+            clock_events_window_ms: args.clock_events_count_window_ms,
         },
         pod_resources: (!args.no_pod_attribution).then(|| PodResourcesConfig {
             socket: args.pod_resources_socket.clone(),
@@ -131,6 +144,8 @@ pub async fn run(args: Args, started: Instant) -> Result<(), Failure> {
                 extra: args.nvidia_resource_names.clone(),
             },
         }),
+        openmetrics: args.enable_openmetrics,
+        header_read_timeout: Duration::from_secs(args.header_read_timeout_seconds),
     };
     let exp = exporter::start(backend, config).map_err(exit_code(4))?;
     tracing::info!(

@@ -376,6 +376,8 @@ fn exporter_text(node: &DemoNode, gpu: u32) -> Result<String, DemoError> {
         telemetry: &telemetry,
         mig: mig_on.then_some((gis.as_slice(), tel.as_slice())),
         nvlink_rate_mib_s: None,
+        nvlink_link_rates_mib_s: &[],
+        strings: None,
     };
     let mut errors = Vec::new();
     let samples = gpu_samples(round, &mut errors);

@@ -1,9 +1,12 @@
-//! HTTP side: `/metrics` with content negotiation, `/health`, and a landing page.
+//! HTTP side: `/metrics` (Prometheus text, or OpenMetrics when enabled and
+//! asked for), `/health`, and a landing page. Connections that do not send
+//! their request headers in time are closed, so idle or slow clients cannot
+//! hold sockets open.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -11,13 +14,23 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use gpu_stack_core::metrics::Format;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 
 use super::state::{Exporter, Shared};
 
 async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let started = Instant::now();
-    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    let format = Format::negotiate(accept);
+    let format = if shared.config.openmetrics {
+        let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+        Format::negotiate(accept)
+    } else {
+        // dcgm-exporter serves only this format; Prometheus then keeps the
+        // counters' types instead of recording them as `unknown`.
+        Format::Prometheus
+    };
     let snapshot = shared
         .snapshot
         .read()
@@ -81,13 +94,48 @@ pub fn router(exporter: &Exporter) -> Router {
         .with_state(exporter.shared.clone())
 }
 
-/// Serves the exporter on `listener` until `shutdown` completes.
+/// How long in-flight requests get to finish at shutdown.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// Serves the exporter on `listener` until `shutdown` completes. Each
+/// connection must send a request's headers within the configured header-read
+/// timeout, or it is closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     exporter: &Exporter,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(exporter))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let app = router(exporter);
+    let timeout = exporter.shared.config.header_read_timeout;
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    // Out of file descriptors and the like: wait, then go on.
+                    tracing::warn!(%err, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let conn = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(timeout)
+            .serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            // Errors here are the client's (closed, timed out, malformed).
+            let _ = conn.await;
+        });
+    }
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(DRAIN) => {}
+    }
+    Ok(())
 }

@@ -44,7 +44,15 @@ pub struct ExporterConfig {
     pub render: RenderOptions,
     /// Pod attribution; `None` turns it off.
     pub pod_resources: Option<PodResourcesConfig>,
+    /// Serve OpenMetrics to clients that ask for it. Off by default, as in
+    /// dcgm-exporter: OpenMetrics would type the DCGM counters `unknown`.
+    pub openmetrics: bool,
+    /// Longest a connection may take to send a request's headers.
+    pub header_read_timeout: Duration,
 }
+
+/// dcgm-exporter's read timeout.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for ExporterConfig {
     fn default() -> Self {
@@ -53,6 +61,8 @@ impl Default for ExporterConfig {
             interval: Duration::from_secs(30),
             render: RenderOptions::default(),
             pod_resources: None,
+            openmetrics: false,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
         }
     }
 }

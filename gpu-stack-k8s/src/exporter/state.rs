@@ -8,18 +8,21 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use gpu_stack_core::backend::{GpuBackend, HealthEventKind};
+use gpu_stack_core::backend::{
+    DeviceStrings, GpuBackend, GpuTelemetry, HealthEventKind, P2pStatus,
+};
+use gpu_stack_core::metrics::exp::{
+    ClockEventCounts, XidCounts, gpu_health, health_series, merge_counts, p2p_series,
+    xid_count_series, xid_total_series,
+};
 use gpu_stack_core::metrics::{
-    ContainerDevices, EntitySample, Format, GpuRound, NvlinkMark, ReadError, XidWindow, attribute,
-    gpu_samples, nvlink_rate_mib_s, render,
+    ContainerDevices, CounterSet, EntitySample, Field, Format, GpuRound, NvlinkMark, ReadError,
+    Value, attribute, gpu_samples, nvlink_rate_mib_s, render,
 };
 
 use super::selfmetrics::SelfMetrics;
 use super::{ExporterConfig, ExporterError};
 use crate::podresources::PodResourcesCache;
-
-/// Most Xid events kept per window (older ones are dropped first).
-const XID_CAPACITY: usize = 4096;
 
 /// A rendered snapshot, ready to serve.
 #[derive(Debug, Clone, Default)]
@@ -36,6 +39,9 @@ pub struct Snapshot {
 
 struct GpuSlot {
     samples: Vec<EntitySample>,
+    /// The GPU stopped answering (fallen off the bus, hung): `samples` hold
+    /// only the identities of its last good round, for its Xid series.
+    lost: bool,
 }
 
 struct PodView {
@@ -45,7 +51,7 @@ struct PodView {
 pub(super) struct Shared {
     pub(super) config: ExporterConfig,
     slots: Vec<Mutex<Option<GpuSlot>>>,
-    xid: Mutex<BTreeMap<(u32, Option<u32>), XidWindow>>,
+    xid: Mutex<BTreeMap<(u32, Option<u32>), XidCounts>>,
     pods: Mutex<PodView>,
     pub(super) snapshot: RwLock<Arc<Snapshot>>,
     pub(super) metrics: SelfMetrics,
@@ -73,6 +79,17 @@ impl Shared {
 
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Xids per code in the window on a GPU and all its instances.
+    fn recent_xids(&self, gpu: u32, now_ms: u64) -> BTreeMap<u32, u64> {
+        let mut out = BTreeMap::new();
+        if let Ok(mut map) = self.xid.lock() {
+            for (_, counts) in map.range_mut((gpu, None)..=(gpu, Some(u32::MAX))) {
+                merge_counts(&mut out, &counts.windowed(now_ms));
+            }
+        }
+        out
     }
 }
 
@@ -106,6 +123,9 @@ impl Exporter {
         if config.render.driver_version.is_none() {
             config.render.driver_version = Some(inventory.system.driver_version.clone());
         }
+        if config.render.nvml_version.is_none() {
+            config.render.nvml_version = Some(inventory.system.nvml_version.clone());
+        }
         let metrics = SelfMetrics::new();
         for e in &inventory.errors {
             tracing::warn!(gpu = e.index, error = %e.error, "GPU left out of the inventory");
@@ -129,11 +149,12 @@ impl Exporter {
         });
         let (tx, rx) = mpsc::channel::<()>();
         let mut threads = Vec::new();
+        let peers = u32::try_from(max_index).unwrap_or(u32::MAX);
         for gpu in indexes {
             let (b, s, t) = (backend.clone(), shared.clone(), tx.clone());
             let h = std::thread::Builder::new()
                 .name(format!("gpu-sampler-{gpu}"))
-                .spawn(move || sampler_loop(b, s, gpu, t));
+                .spawn(move || sampler_loop(b, s, gpu, peers, t));
             match h {
                 Ok(h) => threads.push(h),
                 Err(e) => tracing::error!(gpu, error = %e, "cannot start the sampler thread"),
@@ -243,81 +264,205 @@ impl Drop for Exporter {
     }
 }
 
-fn sample_gpu(
-    backend: &dyn GpuBackend,
+/// What one GPU's sampler keeps between rounds.
+struct GpuSampler {
     gpu: u32,
-    nvlink: &mut Option<NvlinkMark>,
-    now_ms: u64,
-    errors: &mut Vec<ReadError>,
-) -> Result<Vec<EntitySample>, &'static str> {
-    let info = backend.gpu_info(gpu).map_err(|_| "gpu_info")?;
-    let telemetry = backend.gpu_telemetry(gpu).map_err(|_| "gpu_telemetry")?;
-    let mig_on = info.mig_mode.map(|m| m.current).unwrap_or(false);
-    let (gis, tel) = if mig_on {
-        let gis = backend.gpu_instances(gpu).map_err(|_| "gpu_instances")?;
-        let tel = match backend.mig_telemetry(gpu) {
-            Ok(t) => t,
-            Err(e) => {
-                errors.push(ReadError {
-                    gpu,
-                    call: "mig_telemetry",
-                    message: e.to_string(),
-                });
-                Vec::new()
-            }
-        };
-        (gis, tel)
-    } else {
-        (Vec::new(), Vec::new())
-    };
-    let rate = match telemetry.nvlink_total_kib.value() {
-        Some(&total_kib) => {
+    peers: u32,
+    nvlink: Option<NvlinkMark>,
+    links: Vec<Option<NvlinkMark>>,
+    clock_events: ClockEventCounts,
+    previous: Option<GpuTelemetry>,
+    strings: Option<DeviceStrings>,
+    p2p: Option<Vec<(u32, P2pStatus)>>,
+    /// Entities of the last good round, kept for a GPU that stops answering.
+    last_entities: Vec<EntitySample>,
+}
+
+/// Whether the counter set prints any of the device-string label fields.
+fn wants_strings(set: &CounterSet) -> bool {
+    set.labels.iter().any(|l| {
+        matches!(
+            l.field,
+            Field::DevBrand
+                | Field::DevSerial
+                | Field::VbiosVersion
+                | Field::OemInforomVer
+                | Field::EccInforomVer
+                | Field::PowerInforomVer
+                | Field::InforomImageVer
+        )
+    })
+}
+
+impl GpuSampler {
+    fn new(gpu: u32, peers: u32, clock_window_ms: u64) -> Self {
+        Self {
+            gpu,
+            peers,
+            nvlink: None,
+            links: Vec::new(),
+            clock_events: ClockEventCounts::new(clock_window_ms),
+            previous: None,
+            strings: None,
+            p2p: None,
+            last_entities: Vec::new(),
+        }
+    }
+
+    /// NVLink MiB/s since the previous round, in total and per link.
+    fn nvlink_rates(&mut self, t: &GpuTelemetry, now_ms: u64) -> (Option<i64>, Vec<i64>) {
+        let rate = |prev: &mut Option<NvlinkMark>, total_kib: u64| {
             let cur = NvlinkMark {
                 total_kib,
                 at_ms: now_ms,
             };
-            let rate = nvlink.and_then(|prev| nvlink_rate_mib_s(prev, cur));
-            *nvlink = Some(cur);
-            rate
+            let r = prev.and_then(|p| nvlink_rate_mib_s(p, cur));
+            *prev = Some(cur);
+            r
+        };
+        let total = t
+            .nvlink_total_kib
+            .value()
+            .and_then(|&kib| rate(&mut self.nvlink, kib));
+        let mut per_link = Vec::new();
+        if let Some(links) = t.nvlink_link_kib.value() {
+            self.links.resize(links.len(), None);
+            for (mark, &kib) in self.links.iter_mut().zip(links) {
+                per_link.push(rate(mark, kib));
+            }
         }
-        None => None,
-    };
-    let round = GpuRound {
-        info: &info,
-        telemetry: &telemetry,
-        mig: mig_on.then_some((gis.as_slice(), tel.as_slice())),
-        nvlink_rate_mib_s: rate,
-    };
-    Ok(gpu_samples(round, errors))
+        // A link without a rate yet leaves the whole list out, so the link
+        // series appear together from the second round on.
+        let per_link = per_link.into_iter().collect::<Option<Vec<i64>>>();
+        (total, per_link.unwrap_or_default())
+    }
+
+    fn sample(
+        &mut self,
+        backend: &dyn GpuBackend,
+        shared: &Shared,
+        errors: &mut Vec<ReadError>,
+    ) -> Result<Vec<EntitySample>, &'static str> {
+        let gpu = self.gpu;
+        let now_ms = shared.now_ms();
+        let set = &shared.config.counters;
+        let info = backend.gpu_info(gpu).map_err(|_| "gpu_info")?;
+        let telemetry = backend.gpu_telemetry(gpu).map_err(|_| "gpu_telemetry")?;
+        let mig_on = info.mig_mode.map(|m| m.current).unwrap_or(false);
+        let (gis, tel) = if mig_on {
+            let gis = backend.gpu_instances(gpu).map_err(|_| "gpu_instances")?;
+            let tel = match backend.mig_telemetry(gpu) {
+                Ok(t) => t,
+                Err(e) => {
+                    errors.push(ReadError {
+                        gpu,
+                        call: "mig_telemetry",
+                        message: e.to_string(),
+                    });
+                    Vec::new()
+                }
+            };
+            (gis, tel)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        if self.strings.is_none() && wants_strings(set) {
+            match backend.device_strings(gpu) {
+                Ok(d) => self.strings = Some(d),
+                Err(e) => errors.push(ReadError {
+                    gpu,
+                    call: "device_strings",
+                    message: e.to_string(),
+                }),
+            }
+        }
+        if self.p2p.is_none() && set.has_metric(Field::P2pStatus) {
+            // Static for the life of the driver: asked once.
+            let peers = (0..self.peers)
+                .filter(|p| *p != gpu)
+                .filter_map(|p| backend.p2p_status(gpu, p).ok().map(|s| (p, s)))
+                .collect();
+            self.p2p = Some(peers);
+        }
+        let (rate, link_rates) = self.nvlink_rates(&telemetry, now_ms);
+        let round = GpuRound {
+            info: &info,
+            telemetry: &telemetry,
+            mig: mig_on.then_some((gis.as_slice(), tel.as_slice())),
+            nvlink_rate_mib_s: rate,
+            nvlink_link_rates_mib_s: &link_rates,
+            strings: self.strings.as_ref(),
+        };
+        let mut samples = gpu_samples(round, errors);
+        // The families computed here are the GPU's; in MIG mode they repeat on
+        // each instance, as dcgm-exporter repeats device fields.
+        if let Some(&mask) = telemetry.clocks_event_reasons.value() {
+            self.clock_events.observe(now_ms, mask);
+        }
+        let window = shared.config.render.clock_events_window_ms;
+        let clock_count = self.clock_events.count_series(now_ms, window);
+        let clock_total = self.clock_events.total_series();
+        let recent = shared.recent_xids(gpu, now_ms);
+        let health = health_series(&gpu_health(&telemetry, self.previous.as_ref(), &recent));
+        let p2p = self.p2p.as_deref().map(p2p_series);
+        for s in &mut samples {
+            s.labeled
+                .insert(Field::ClockEventsCount, clock_count.clone());
+            s.labeled
+                .insert(Field::ClockEventsTotal, clock_total.clone());
+            s.labeled.insert(Field::GpuHealthStatus, health.clone());
+            if let Some(p2p) = &p2p {
+                s.labeled.insert(Field::P2pStatus, p2p.clone());
+            }
+        }
+        self.previous = Some(telemetry);
+        self.last_entities = samples
+            .iter()
+            .map(|s| EntitySample::new(s.identity.clone()))
+            .collect();
+        Ok(samples)
+    }
 }
 
-fn sampler_loop(backend: Arc<dyn GpuBackend>, shared: Arc<Shared>, gpu: u32, tx: mpsc::Sender<()>) {
-    let mut nvlink = None;
+fn sampler_loop(
+    backend: Arc<dyn GpuBackend>,
+    shared: Arc<Shared>,
+    gpu: u32,
+    peers: u32,
+    tx: mpsc::Sender<()>,
+) {
+    let mut sampler = GpuSampler::new(gpu, peers, shared.config.render.clock_events_window_ms);
     let interval = shared.config.interval;
     loop {
         let started = Instant::now();
         let mut errors = Vec::new();
-        let result = sample_gpu(&*backend, gpu, &mut nvlink, shared.now_ms(), &mut errors);
+        let result = sampler.sample(&*backend, &shared, &mut errors);
         for e in &errors {
             tracing::debug!(gpu, call = e.call, error = %e.message, "reading failed");
             shared.metrics.nvml_error(e.call);
         }
-        let samples = match result {
-            Ok(samples) => Some(GpuSlot { samples }),
+        let slot = match result {
+            Ok(samples) => Some(GpuSlot {
+                samples,
+                lost: false,
+            }),
             Err(call) => {
                 tracing::warn!(
                     gpu,
                     call,
-                    "GPU could not be sampled; its series are left out"
+                    "GPU could not be sampled; only its Xid series are kept"
                 );
                 shared.metrics.nvml_error(call);
-                None
+                (!sampler.last_entities.is_empty()).then(|| GpuSlot {
+                    samples: sampler.last_entities.clone(),
+                    lost: true,
+                })
             }
         };
-        if let Some(slot) = shared.slots.get(gpu as usize)
-            && let Ok(mut slot) = slot.lock()
+        if let Some(s) = shared.slots.get(gpu as usize)
+            && let Ok(mut s) = s.lock()
         {
-            *slot = samples;
+            *s = slot;
         }
         shared
             .metrics
@@ -349,7 +494,7 @@ fn xid_loop(backend: Arc<dyn GpuBackend>, shared: Arc<Shared>, tx: mpsc::Sender<
                     let code = u32::try_from(xid).unwrap_or(u32::MAX);
                     if let Ok(mut map) = shared.xid.lock() {
                         map.entry((ev.gpu, ev.gpu_instance_id))
-                            .or_insert_with(|| XidWindow::new(window, XID_CAPACITY))
+                            .or_insert_with(|| XidCounts::new(window))
                             .record(shared.now_ms(), code);
                     }
                     if tx.send(()).is_err() {
@@ -401,32 +546,44 @@ fn compose(shared: &Shared) -> Snapshot {
         if let Ok(slot) = slot.lock()
             && let Some(s) = slot.as_ref()
         {
-            gpus += 1;
+            gpus += usize::from(!s.lost);
             samples.extend(s.samples.iter().cloned());
         }
     }
     let now = shared.now_ms();
+    let xid_window = shared.config.render.xid_window_ms;
     if let Ok(mut map) = shared.xid.lock() {
-        let mut counts: BTreeMap<(u32, Option<u32>), BTreeMap<u32, u64>> = BTreeMap::new();
-        for (key, w) in map.iter_mut() {
-            let c = w.counts(now);
-            if !c.is_empty() {
-                counts.insert(*key, c);
-            }
+        let mut windowed: BTreeMap<(u32, Option<u32>), BTreeMap<u32, u64>> = BTreeMap::new();
+        for (key, counts) in map.iter_mut() {
+            windowed.insert(*key, counts.windowed(now));
         }
         for s in &mut samples {
             let gpu = s.identity.gpu;
             let gi = s.identity.mig.as_ref().map(|m| m.gi_id);
-            let mut keys = vec![(gpu, None)];
-            if gi.is_some() {
-                keys.push((gpu, gi));
-            }
-            for key in keys {
-                if let Some(c) = counts.get(&key) {
-                    for (code, n) in c {
-                        *s.xid_counts.entry(*code).or_insert(0) += n;
-                    }
+            // An instance sees its own Xids and the GPU's; the GPU sees its own.
+            let keys = [Some((gpu, None)), gi.map(|g| (gpu, Some(g)))];
+            let mut counts = BTreeMap::new();
+            let mut totals = BTreeMap::new();
+            let mut last = None;
+            for key in keys.into_iter().flatten() {
+                if let Some(c) = windowed.get(&key) {
+                    merge_counts(&mut counts, c);
                 }
+                if let Some(x) = map.get(&key) {
+                    merge_counts(&mut totals, x.totals());
+                    last = x.last().or(last);
+                }
+            }
+            s.labeled
+                .insert(Field::XidErrorsCount, xid_count_series(&counts, xid_window));
+            s.labeled
+                .insert(Field::XidErrorsTotal, xid_total_series(&totals));
+            if s.get(Field::XidErrors).is_none()
+                && let Some(code) = last
+            {
+                // A GPU that stopped answering still reports its last Xid (79
+                // when it fell off the bus).
+                s.set(Field::XidErrors, Value::Int(i64::from(code)));
             }
         }
     }
@@ -450,13 +607,17 @@ fn compose(shared: &Shared) -> Snapshot {
         &cfg.render,
         Format::Prometheus,
     );
-    let om = render(
-        &cfg.counters,
-        &samples,
-        &attributions,
-        &cfg.render,
-        Format::OpenMetrics,
-    );
+    let om = if cfg.openmetrics {
+        render(
+            &cfg.counters,
+            &samples,
+            &attributions,
+            &cfg.render,
+            Format::OpenMetrics,
+        )
+    } else {
+        String::new()
+    };
     let series = prom.lines().filter(|l| !l.starts_with('#')).count();
     Snapshot {
         prometheus: Bytes::from(prom),
