@@ -378,7 +378,16 @@ impl Node {
     /// sampled every 500 ms.
     async fn start(sim: Sim) -> Node {
         let backend = Arc::new(SimulatedBackend::new(&sim.spec()).unwrap());
+        // dcgm-exporter's defaults plus the ECC rows users uncomment for
+        // the double-bit ECC alert.
+        let counters = gpu_stack_core::metrics::parse_counters(&format!(
+            "{}\nDCGM_FI_DEV_ECC_SBE_VOL_TOTAL, counter, Total number of single-bit volatile ECC errors.\nDCGM_FI_DEV_ECC_DBE_VOL_TOTAL, counter, Total number of double-bit volatile ECC errors.\n",
+            gpu_stack_core::metrics::DEFAULT_COUNTERS_CSV
+        ))
+        .unwrap()
+        .set;
         let config = ExporterConfig {
+            counters,
             interval: Duration::from_millis(500),
             render: RenderOptions {
                 hostname: Some(sim.hostname().to_string()),
@@ -700,10 +709,11 @@ fn expected_shapes() -> BTreeMap<(&'static str, &'static str), Shape> {
     let one = [Series(1), Series(1), Series(1)];
     let whole = [Series(8), Series(6), Series(6)];
     let instances = [Empty, Series(8), Series(8)];
-    // Profiling metrics: the H200 has them; the A100s may come to.
-    let prof_whole = [IfProvided(8), IfProvided(6), Series(6)];
-    let prof_instances = [Empty, IfProvided(8), Series(8)];
-    let ecc = [IfProvided(8), IfProvided(8), IfProvided(8)];
+    // Profiling metrics (NVML GPM): Hopper has them, Ampere does not.
+    let prof_whole = [Empty, Empty, Series(6)];
+    let prof_instances = [Empty, Empty, Series(8)];
+    // Every simulated GPU here has HBM with ECC on.
+    let ecc = gpus;
     BTreeMap::from([
         (("GPUs", "A"), one),
         (("MIG GPU instances", "A"), one),
@@ -1162,6 +1172,60 @@ async fn injected_faults_fire_the_alerts_in_a_real_prometheus() {
     let alerts = prom.alerts().await;
     let missing = firing(&alerts, "GPUMetricsMissing", &[]);
     assert_eq!(missing.len(), 1, "only GPU 5 is missing: {missing:?}");
+    // The lost GPU keeps its Xid 79 series, so the bus alert fires too.
+    prom.wait_for(
+        "GPUFallenOffBus for GPU 5",
+        Duration::from_secs(60),
+        || async {
+            let a = prom.alerts().await;
+            (firing(&a, "GPUFallenOffBus", &[("Hostname", &host), ("gpu", "5")]).len() == 1)
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Double-bit ECC errors and a failed row remap on two more whole GPUs.
+    whole
+        .sim
+        .inject(FaultSpec {
+            gpu: Some(4),
+            at_ms: 0,
+            fault: Fault::EccErrors {
+                single_bit: 0,
+                double_bit: 2,
+            },
+        })
+        .unwrap();
+    whole
+        .sim
+        .inject(FaultSpec {
+            gpu: Some(0),
+            at_ms: 0,
+            fault: Fault::RowRemapFailure,
+        })
+        .unwrap();
+    prom.wait_for(
+        "GPUDoubleBitECCErrors for GPU 4 and GPURowRemapFailure for GPU 0",
+        Duration::from_secs(60),
+        || async {
+            let a = prom.alerts().await;
+            let ecc = firing(
+                &a,
+                "GPUDoubleBitECCErrors",
+                &[("Hostname", &host), ("gpu", "4")],
+            );
+            let remap = firing(
+                &a,
+                "GPURowRemapFailure",
+                &[("Hostname", &host), ("gpu", "0")],
+            );
+            (ecc.len() == 1 && remap.len() == 1).then_some(())
+        },
+    )
+    .await;
+    let alerts = prom.alerts().await;
+    assert_eq!(firing(&alerts, "GPUDoubleBitECCErrors", &[]).len(), 1);
+    assert_eq!(firing(&alerts, "GPURowRemapFailure", &[]).len(), 1);
 
     // An exporter stops answering: GPUExporterDown, naming its Hostname.
     mig.stop_serving().await;

@@ -55,6 +55,9 @@ pub enum Fault {
         #[serde(rename = "temp-c")]
         temp_c: u32,
     },
+    /// Row remapping fails (the GPU ran out of spare rows): the remapped-rows
+    /// reading reports the failure.
+    RowRemapFailure,
     /// ECC errors are counted (volatile and aggregate totals grow); a
     /// double-bit error also raises Xid 48, as the driver does.
     EccErrors {

@@ -71,6 +71,7 @@ pub(super) fn advance(state: &mut NodeState, now_ms: u64) {
                         since_ms: now_ms,
                     });
                 }
+                Fault::RowRemapFailure => gpu.row_remap_failed = true,
                 Fault::EccErrors {
                     single_bit,
                     double_bit,

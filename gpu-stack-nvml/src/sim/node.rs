@@ -158,6 +158,7 @@ pub(super) fn initial_state(spec: &SimNodeSpec) -> Result<NodeState, SimError> {
             last_xid: 0,
             overheat: None,
             ecc: Default::default(),
+            row_remap_failed: false,
             gpu_instances: gis,
             telemetry,
             processes,

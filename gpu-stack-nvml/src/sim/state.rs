@@ -93,6 +93,9 @@ pub struct GpuState {
     /// ECC error totals (raised by injected faults).
     #[serde(default)]
     pub ecc: EccErrors,
+    /// Row remapping failed (an injected fault).
+    #[serde(default)]
+    pub row_remap_failed: bool,
     /// GPU instances.
     pub gpu_instances: Vec<GiState>,
     /// Telemetry profile.

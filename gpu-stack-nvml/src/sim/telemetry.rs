@@ -161,7 +161,7 @@ pub fn gpu_sample(model: &GpuModel, gpu: &GpuState, tick: u64) -> GpuTelemetry {
                 correctable: (h(seed, gpu.index, 10, 0) % 3) as u32,
                 uncorrectable: 0,
                 pending: false,
-                failed: false,
+                failed: gpu.row_remap_failed,
             })
         } else {
             Reading::NotSupported
