@@ -8,7 +8,9 @@
 #   - bytes per scrape, CPU per scrape, steady-state RSS
 # Everything listens on 127.0.0.1 or a unix socket in a temp dir; every loop is
 # bounded. Usage: scripts/bench-exporter.sh [SCRAPES]   (default 2000;
-# SKIP_BUILD=1 uses the release binaries already built)
+# SKIP_BUILD=1 uses the release binaries already built; FIELDS=all runs 8 H100s
+# x 7 instances with every DCGM field of dcgm-exporter's full counters file on,
+# GPM profiling included)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,15 +34,22 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat > "$WORK/fleet.yaml" <<'YAML'
+COUNTERS_ARGS=()
+if [ "${FIELDS:-}" = all ]; then
+  MODEL=H100-SXM5-80GB; SLICE=1g.10gb
+  COUNTERS_ARGS=(-f gpu-stack-core/tests/data/metrics/dcgm-exporter-all-fields.csv)
+else
+  MODEL=A100-SXM4-40GB; SLICE=1g.5gb
+fi
+cat > "$WORK/fleet.yaml" <<YAML
 nodes:
   - name: bench-node
     gpus:
-      - model: A100-SXM4-40GB
+      - model: $MODEL
         count: 8
         mig:
           enabled: true
-          instances: ["1g.5gb@0", "1g.5gb@1", "1g.5gb@2", "1g.5gb@3", "1g.5gb@4", "1g.5gb@5", "1g.5gb@6"]
+          instances: ["$SLICE@0", "$SLICE@1", "$SLICE@2", "$SLICE@3", "$SLICE@4", "$SLICE@5", "$SLICE@6"]
 YAML
 
 SOCK="$WORK/kubelet.sock"
@@ -56,7 +65,7 @@ EXPECTED=56
 START_NS=$(date +%s%N)
 "$EXPORTER" --backend simulated --fleet "$WORK/fleet.yaml" --listen "127.0.0.1:$PORT" \
   --pod-resources-socket "$SOCK" --pod-resources-refresh-ms 100 \
-  --collect-interval 60000 --hostname bench-node 2>"$WORK/exporter.log" &
+  --collect-interval 60000 --hostname bench-node "${COUNTERS_ARGS[@]}" 2>"$WORK/exporter.log" &
 EXP_PID=$!
 FIRST_NS=""
 for _ in $(seq 1 5000); do
@@ -71,7 +80,7 @@ done
 START_MS=$(( (FIRST_NS - START_NS) / 1000000 ))
 
 BYTES=$(curl -s "$URL" | wc -c)
-BYTES_OM=$(curl -s -H 'Accept: application/openmetrics-text;version=1.0.0' "$URL" | wc -c)
+FAMILIES=$(curl -s "$URL" | grep -c '^# TYPE DCGM_')
 
 ticks() { awk '{print $14 + $15}' "/proc/$EXP_PID/stat"; }
 CLK=$(getconf CLK_TCK)
@@ -85,9 +94,9 @@ RSS_KB=$(awk '/^VmRSS/ {print $2}' "/proc/$EXP_PID/status")
 HWM_KB=$(awk '/^VmHWM/ {print $2}' "/proc/$EXP_PID/status")
 curl -s "$URL" > "$WORK/last.prom"
 
-python3 - "$WORK/e2e.txt" "$WORK/last.prom" "$SCRAPES" "$T0" "$T1" "$CLK" "$START_MS" "$BYTES" "$BYTES_OM" "$RSS_KB" "$HWM_KB" <<'PY'
+python3 - "$WORK/e2e.txt" "$WORK/last.prom" "$SCRAPES" "$T0" "$T1" "$CLK" "$START_MS" "$BYTES" "$FAMILIES" "$RSS_KB" "$HWM_KB" <<'PY'
 import sys, re
-e2e_path, prom_path, n, t0, t1, clk, start_ms, bytes_, bytes_om, rss, hwm = sys.argv[1:]
+e2e_path, prom_path, n, t0, t1, clk, start_ms, bytes_, families, rss, hwm = sys.argv[1:]
 e2e = sorted(float(x) for x in open(e2e_path) if x.strip())
 q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))]
 buckets = []
@@ -113,11 +122,11 @@ def hq(p):
     return float('nan')
 cpu_s = (int(t1) - int(t0)) / int(clk)
 series = sum(1 for l in open(prom_path) if l.startswith('DCGM_'))
-print(f"entities: 8 GPUs x 7 MIG instances = 56, attribution on; {series} DCGM series")
+print(f"entities: 8 GPUs x 7 MIG instances = 56, attribution on; {families} DCGM families, {series} DCGM series")
 print(f"time to first complete scrape: {start_ms} ms")
 print(f"scrape latency end to end (curl, {len(e2e)} scrapes): p50 {q(e2e,0.50)*1000:.3f} ms, p99 {q(e2e,0.99)*1000:.3f} ms")
 print(f"scrape latency server side (histogram, {int(count)} scrapes): p50 {hq(0.50)*1000:.3f} ms, p99 {hq(0.99)*1000:.3f} ms")
-print(f"bytes per scrape: {bytes_} (Prometheus text), {bytes_om} (OpenMetrics)")
+print(f"bytes per scrape: {bytes_} (Prometheus text)")
 print(f"CPU per scrape: {cpu_s / int(n) * 1e6:.1f} us ({cpu_s:.2f} s CPU for {n} scrapes, clock tick {1/int(clk)*1000:.0f} ms)")
 print(f"RSS at steady state: {int(rss)/1024:.1f} MiB (peak {int(hwm)/1024:.1f} MiB)")
 PY
