@@ -5,8 +5,7 @@
 //! `libnvml_standin.so` first (into the same target directory).
 
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gpu_stack_core::backend::GpuBackend;
@@ -17,29 +16,6 @@ fn fleet() -> PathBuf {
         env!("CARGO_MANIFEST_DIR"),
         "/../examples/fleets/hgx-h100.yaml"
     ))
-}
-
-fn standin_lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("bench executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf();
-    let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args(["build", "-p", "nvml-standin", "--lib"])
-        .env("CARGO_TARGET_DIR", &target_dir);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    assert!(
-        cmd.status().expect("run cargo").success(),
-        "building nvml-standin failed"
-    );
-    profile_dir.join("libnvml_standin.so")
 }
 
 fn sample_all(b: &dyn GpuBackend) {
@@ -60,7 +36,7 @@ fn benches(c: &mut Criterion) {
         b.iter(|| sample_all(&shared))
     });
 
-    let lib = standin_lib();
+    let lib = gpu_stack_nvml::testing::standin_lib();
     // SAFETY: set before any thread of this process reads the environment.
     unsafe {
         std::env::set_var("GPU_STACK_STANDIN_FLEET", fleet());

@@ -22,6 +22,8 @@ pub mod fsutil;
 pub mod migapply;
 pub mod nvml;
 pub mod sim;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use nvml::NvmlBackend;
 pub use sim::{SimClock, SimError, SimGpuSpec, SimNodeSpec, SimulatedBackend};

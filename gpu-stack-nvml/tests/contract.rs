@@ -7,7 +7,6 @@
 //! same target directory, then loaded with `--nvml-lib`-style path override.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -713,27 +712,6 @@ fn write_fleet(dir: &Path) -> PathBuf {
     path
 }
 
-/// Builds `libnvml_standin.so` into this test's target directory and returns its path.
-fn standin_lib() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // <target>/<profile>/deps/<test binary>
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let target_dir = profile_dir.parent().unwrap().to_path_buf();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args(["build", "-p", "nvml-standin", "--lib"])
-        .env("CARGO_TARGET_DIR", &target_dir);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().unwrap();
-    assert!(status.success(), "cargo build -p nvml-standin failed");
-    let lib = profile_dir.join("libnvml_standin.so");
-    assert!(lib.exists(), "{} was not built", lib.display());
-    lib
-}
-
 #[test]
 fn contract_holds_for_simulated_and_nvml_over_standin() {
     let dir = tempfile::tempdir().unwrap();
@@ -749,7 +727,7 @@ fn contract_holds_for_simulated_and_nvml_over_standin() {
     });
 
     // 2. NVML over the stand-in, sharing a state file with the injector.
-    let lib = standin_lib();
+    let lib = gpu_stack_nvml::testing::standin_lib();
     let state = dir.path().join("state.json");
     // SAFETY: this is the only test in this binary that touches the environment,
     // and nothing else runs concurrently in it.

@@ -5,9 +5,6 @@
 //! The stand-in is built by this test with `cargo build -p nvml-standin` into
 //! the same target directory, as the backend contract suite does.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 use gpu_stack_core::backend::GpuBackend;
 use gpu_stack_nvml::NvmlBackend;
 
@@ -34,28 +31,6 @@ const GPU_TELEMETRY_BUDGET: u64 = 130;
 /// GPU instances (219 now: 169 to list the instances, 50 for GPM).
 const MIG_TELEMETRY_BUDGET: u64 = 230;
 
-/// Builds `libnvml_standin.so` into this test's target directory and returns
-/// its path.
-fn standin_lib() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // <target>/<profile>/deps/<test binary>
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let target_dir = profile_dir.parent().unwrap().to_path_buf();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args(["build", "-p", "nvml-standin", "--lib"])
-        .env("CARGO_TARGET_DIR", &target_dir);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().unwrap();
-    assert!(status.success(), "cargo build -p nvml-standin failed");
-    let lib = profile_dir.join("libnvml_standin.so");
-    assert!(lib.exists(), "{} was not built", lib.display());
-    lib
-}
-
 /// Calls made by `f`, per the stand-in's counter.
 fn calls(counter: &dyn Fn() -> u64, f: impl FnOnce()) -> u64 {
     let before = counter();
@@ -68,7 +43,7 @@ fn nvml_calls_per_collection_on_8_gpus_with_7_instances_each() {
     let dir = tempfile::tempdir().unwrap();
     let fleet = dir.path().join("calls.yaml");
     std::fs::write(&fleet, FLEET).unwrap();
-    let path = standin_lib();
+    let path = gpu_stack_nvml::testing::standin_lib();
     // SAFETY: this is the only test in this binary, and nothing else in it
     // reads the environment concurrently.
     unsafe {

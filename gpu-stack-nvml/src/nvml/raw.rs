@@ -768,8 +768,6 @@ pub unsafe fn device_index(nvml: &Nvml, dev: nvmlDevice_t) -> Result<u32, Backen
 mod tests {
     use std::ffi::OsStr;
     use std::marker::PhantomData;
-    use std::path::{Path, PathBuf};
-    use std::process::Command;
 
     use super::*;
 
@@ -847,28 +845,6 @@ nodes:
           instances: ["1g.5gb@0", "1g.5gb@1", "1g.5gb@2"]
 "#;
 
-    /// Builds `libnvml_standin.so` into this test's target directory (as
-    /// tests/contract.rs does) and returns its path.
-    fn standin_lib() -> PathBuf {
-        let exe = std::env::current_exe().unwrap();
-        // <target>/<profile>/deps/<test binary>
-        let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-        let target_dir = profile_dir.parent().unwrap().to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .args(["build", "-p", "nvml-standin", "--lib"])
-            .env("CARGO_TARGET_DIR", &target_dir);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().unwrap();
-        assert!(status.success(), "cargo build -p nvml-standin failed");
-        let lib = profile_dir.join("libnvml_standin.so");
-        assert!(lib.exists(), "{} was not built", lib.display());
-        lib
-    }
-
     /// The raw wrappers over the stand-in libnvidia-ml, loaded through
     /// nvml-wrapper's real `dlopen` path. One test, so the environment the
     /// stand-in reads at `nvmlInit` is set once.
@@ -877,7 +853,7 @@ nodes:
         let dir = tempfile::tempdir().unwrap();
         let fleet = dir.path().join("raw.yaml");
         std::fs::write(&fleet, FLEET).unwrap();
-        let lib = standin_lib();
+        let lib = crate::testing::standin_lib();
         // SAFETY: this is the only test in this binary that touches the
         // environment, and no code in this crate reads it.
         unsafe {
