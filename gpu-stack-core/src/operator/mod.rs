@@ -6,6 +6,8 @@
 //!   labels it writes (respecting values other agents wrote).
 //! - [`driver`]: the driver selection matrix: image references, OS and kernel
 //!   pools, and GPU × driver-branch compatibility.
+//! - [`nvidiadriver`]: NVIDIADriver routing (which resource owns each GPU
+//!   node's driver) and its validation.
 //! - [`validation`]: the per-node validator's checks and the status files it writes.
 //!
 //! The kube-facing crate turns a ClusterPolicy and node objects into these
@@ -13,4 +15,5 @@
 pub mod components;
 pub mod driver;
 pub mod labels;
+pub mod nvidiadriver;
 pub mod validation;
