@@ -1,7 +1,7 @@
-//! The operator: the ClusterPolicy CRD ([`clusterpolicy`]), the pure
-//! desired-state function ([`desired`]), the [`cluster`] seam, the reconcile
-//! loop (this module), and what runs it on a real cluster ([`controller`],
-//! [`leader`], [`metrics`]).
+//! The operator: the ClusterPolicy CRD ([`clusterpolicy`]), the NVIDIADriver
+//! CRD ([`nvidiadriver`]), the pure desired-state function ([`desired`]), the
+//! [`cluster`] seam, the reconcile loop (this module), and what runs it on a
+//! real cluster ([`controller`], [`leader`], [`metrics`]).
 //!
 //! The operator's reconcile loop over the [`Cluster`] seam.
 //!
@@ -17,6 +17,7 @@ pub mod controller;
 pub mod desired;
 pub mod leader;
 pub mod metrics;
+pub mod nvidiadriver;
 
 use std::collections::BTreeMap;
 
