@@ -30,7 +30,7 @@ enum Command {
     Gpus(gpus::Args),
     /// Run the operator and node agents against an in-memory cluster and simulated GPUs.
     Demo(demo::Args),
-    /// Print the ClusterPolicy CRD (YAML) generated from the Rust types.
+    /// Print a CRD (YAML) generated from the Rust types: the ClusterPolicy, or --kind nvidiadriver.
     Crdgen(crdgen::Args),
     /// Check the driver, toolkit, CUDA and device plugin on this node and write the validation status files.
     Validator(validator::Args),
