@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Lints and renders the gpu-stack chart with helm built from its Go module
-# (tools/helm). Fails if the chart's CRD differs from the generated one in
-# deploy/crds/, if lint finds a problem, or if a rendering misses an object.
+# (tools/helm). Fails if the chart's CRDs differ from the generated ones in
+# deploy/crds/ (ClusterPolicy, NVIDIADriver) or are not installed, if lint
+# finds a problem, or if a rendering misses an object.
 # Usage: deploy/helm/check.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 chart="$root/deploy/helm/gpu-stack"
 helm="$("$root/tools/helm/build.sh")"
 
-# The chart ships the CRD generated from the Rust types; keep them identical.
+# The chart ships the CRDs generated from the Rust types; keep them identical.
 for crd in "$root"/deploy/crds/*.yaml; do
   [ -e "$crd" ] || continue
   copy="$chart/crds/$(basename "$crd")"
@@ -36,6 +37,13 @@ grep -q 'image: registry.example.com/gpu-stack/gpu-operator:' "$out/default.yaml
   || { echo "deploy/helm/check.sh: the operator image is not from imageRepository" >&2; exit 1; }
 grep -A3 '^  devicePlugin:$' "$out/default.yaml" | grep -q 'repository: registry.example.com/gpu-stack' \
   || { echo "deploy/helm/check.sh: the device plugin image is not from imageRepository" >&2; exit 1; }
+# Every generated CRD (ClusterPolicy, NVIDIADriver) is installed by the chart.
+for crd in "$root"/deploy/crds/*.yaml; do
+  [ -e "$crd" ] || continue
+  name="$(sed -n 's/^  name: //p' "$crd" | head -1)"
+  grep -q "^  name: $name\$" "$out/default.yaml" \
+    || { echo "deploy/helm/check.sh: the chart does not install the CRD $name ($(basename "$crd"))" >&2; exit 1; }
+done
 kinds="ServiceAccount ClusterRole ClusterRoleBinding Role RoleBinding Deployment Service ClusterPolicy"
 if compgen -G "$chart/crds/*.yaml" >/dev/null; then kinds="CustomResourceDefinition $kinds"; fi
 for kind in $kinds; do
