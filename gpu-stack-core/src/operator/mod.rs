@@ -9,6 +9,8 @@
 //! - [`nvidiadriver`]: NVIDIADriver routing (which resource owns each GPU
 //!   node's driver) and its validation.
 //! - [`validation`]: the per-node validator's checks and the status files it writes.
+//! - [`upgrade`]: the driver upgrade policy and state machine: one pure pass
+//!   decides each node's next upgrade state and what to do to it.
 //!
 //! The kube-facing crate turns a ClusterPolicy and node objects into these
 //! inputs, so every rule here is testable without a cluster.
@@ -16,4 +18,5 @@ pub mod components;
 pub mod driver;
 pub mod labels;
 pub mod nvidiadriver;
+pub mod upgrade;
 pub mod validation;
