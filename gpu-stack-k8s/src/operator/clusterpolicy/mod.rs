@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use gpu_stack_core::operator::components::{Component, Enablement};
 use gpu_stack_core::operator::driver::{DriverRequest, KernelModuleType};
+use gpu_stack_core::operator::upgrade::UpgradePolicy;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -263,10 +264,79 @@ pub struct DriverSpec {
         rename = "useNvidiaDriverCRD"
     )]
     pub use_nvidia_driver_crd: Option<bool>,
-    /// Driver upgrade policy, kept for the upgrade controller.
+    /// Driver upgrade policy (NVIDIA's `DriverUpgradePolicySpec`), read by
+    /// the upgrade controller. Fields it does not model are kept and listed
+    /// in status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
-    pub upgrade_policy: Option<Value>,
+    #[schemars(schema_with = "upgrade_policy_schema")]
+    pub upgrade_policy: Option<UpgradePolicy>,
+}
+
+/// The CRD schema of `upgradePolicy`: NVIDIA's, with its defaults and
+/// minimums, plus unknown fields preserved so they can be reported.
+pub fn upgrade_policy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let timeout = |default: i64, what: &str| {
+        serde_json::json!({
+            "type": "integer",
+            "minimum": 0,
+            "default": default,
+            "description": what,
+        })
+    };
+    let flag =
+        |what: &str| serde_json::json!({"type": "boolean", "default": false, "description": what});
+    schemars::json_schema!({
+        "type": "object",
+        "nullable": true,
+        "description": "Driver upgrade policy: how driver pods are rolled to a new version node by node.",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "properties": {
+            "autoUpgrade": flag("Upgrade drivers automatically; when false the other fields are ignored."),
+            "maxParallelUpgrades": {
+                "type": "integer",
+                "minimum": 0,
+                "default": 1,
+                "description": "Nodes upgraded at once; 0 means no limit."
+            },
+            "maxUnavailable": {
+                "x-kubernetes-int-or-string": true,
+                "default": "25%",
+                "description": "Nodes that may be unavailable at once: a number, or a percentage of the managed nodes rounded up."
+            },
+            "podDeletion": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "description": "Deletion of the pods that use GPUs before the driver restarts.",
+                "properties": {
+                    "force": flag("Delete pods no controller manages."),
+                    "timeoutSeconds": timeout(300, "Seconds to wait for the pods to go; 0 waits forever."),
+                    "deleteEmptyDir": flag("Delete pods that use emptyDir volumes (their data is lost)."),
+                    "podSelector": {"type": "string", "description": "Further pods to delete, by label selector."}
+                }
+            },
+            "waitForCompletion": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "description": "Waiting for jobs to finish before GPU pods are deleted.",
+                "properties": {
+                    "podSelector": {"type": "string", "description": "Pods to wait for; empty waits for none."},
+                    "timeoutSeconds": timeout(0, "Seconds to wait; 0 waits forever.")
+                }
+            },
+            "drain": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "description": "Node drain, used when GPU pods cannot be deleted.",
+                "properties": {
+                    "enable": flag("Allow draining the node."),
+                    "force": flag("Evict pods no controller manages."),
+                    "podSelector": {"type": "string", "description": "Pods to drain; empty drains all."},
+                    "timeoutSeconds": timeout(300, "Seconds the drain may take; 0 waits forever."),
+                    "deleteEmptyDir": flag("Evict pods that use emptyDir volumes (their data is lost).")
+                }
+            }
+        }
+    })
 }
 
 /// `spec.toolkit`.
@@ -691,6 +761,12 @@ impl ClusterPolicySpec {
         self.cdi.as_ref().and_then(|c| c.enabled).unwrap_or(true)
     }
 
+    /// The driver upgrade policy, when the document has one (no policy means
+    /// automatic upgrades are off).
+    pub fn upgrade_policy(&self) -> Option<&UpgradePolicy> {
+        self.driver.as_ref().and_then(|d| d.upgrade_policy.as_ref())
+    }
+
     /// RuntimeClass operand pods use.
     pub fn runtime_class(&self) -> String {
         self.operator
@@ -734,6 +810,21 @@ impl ClusterPolicySpec {
                 path: path.to_string(),
                 message: message.to_string(),
             });
+        }
+        // With autoUpgrade off NVIDIA ignores every other field, so do we.
+        if let Some(u) = self.upgrade_policy()
+            && u.auto_upgrade
+        {
+            for e in u.validate() {
+                let text = e.to_string();
+                let message = text
+                    .strip_prefix(&format!("{}: ", e.field()))
+                    .unwrap_or(&text);
+                out.push(ValidationError {
+                    path: format!("spec.driver.upgradePolicy.{}", e.field()),
+                    message: message.to_string(),
+                });
+            }
         }
         if let Some(ds) = &self.daemonsets {
             one_of(
@@ -820,6 +911,11 @@ impl ClusterPolicySpec {
         }
         if self.cdi.as_ref().and_then(|c| c.nri_plugin_enabled) == Some(true) {
             out.push("spec.cdi.nriPluginEnabled".into());
+        }
+        if let Some(u) = self.upgrade_policy() {
+            for k in u.unknown_fields() {
+                out.push(format!("spec.driver.upgradePolicy.{k}"));
+            }
         }
         out.sort();
         out.dedup();

@@ -221,3 +221,103 @@ fn driver_delegated_to_nvidiadriver_is_disabled_and_reported() {
             .contains(&"spec.driver.useNvidiaDriverCRD".to_string())
     );
 }
+
+#[test]
+fn upgrade_policy_is_typed_with_nvidia_defaults() {
+    let cp: ClusterPolicy = gpu_stack_core::yaml_guard::from_str(NVIDIA_POLICY).unwrap();
+    let u = cp.spec.upgrade_policy().unwrap();
+    assert!(u.auto_upgrade);
+    assert_eq!(u.max_parallel_upgrades, 1);
+    // Unset fields take the defaults NVIDIA's CRD writes.
+    assert_eq!(
+        u.max_unavailable,
+        gpu_stack_core::operator::upgrade::IntOrString::String("25%".into())
+    );
+    assert_eq!(u.pod_deletion.timeout_seconds, 300);
+    assert!(!u.drain.enable);
+    assert!(ClusterPolicySpec::default().upgrade_policy().is_none());
+}
+
+#[test]
+fn upgrade_policy_unknown_keys_are_reported() {
+    // `gpuPodDeletion` is the Helm values key; in a ClusterPolicy it is `podDeletion`.
+    let spec: ClusterPolicySpec = serde_json::from_value(serde_json::json!({
+        "driver": {"upgradePolicy": {
+            "autoUpgrade": true,
+            "maxUnavailable": 2,
+            "gpuPodDeletion": {"force": true},
+            "drain": {"enable": true, "skipWaitForDeleteTimeout": 10},
+        }},
+    }))
+    .unwrap();
+    let u = spec.unsupported_fields();
+    for want in [
+        "spec.driver.upgradePolicy.gpuPodDeletion",
+        "spec.driver.upgradePolicy.drain.skipWaitForDeleteTimeout",
+    ] {
+        assert!(u.iter().any(|f| f == want), "{want} missing from {u:?}");
+    }
+    assert!(!u.iter().any(|f| f == "spec.driver.upgradePolicy"), "{u:?}");
+    assert!(spec.validate().is_empty(), "{:?}", spec.validate());
+    // Kept verbatim.
+    let back = serde_json::to_value(&spec).unwrap();
+    assert_eq!(
+        back["driver"]["upgradePolicy"]["gpuPodDeletion"]["force"],
+        true
+    );
+    assert_eq!(back["driver"]["upgradePolicy"]["maxUnavailable"], 2);
+}
+
+#[test]
+fn upgrade_policy_errors_name_the_field_when_auto_upgrade_is_on() {
+    let bad = serde_json::json!({
+        "maxUnavailable": "half",
+        "maxParallelUpgrades": -2,
+        "drain": {"podSelector": "app in (a"},
+    });
+    let mut doc = serde_json::json!({"driver": {"upgradePolicy": bad}});
+    // Off: NVIDIA ignores every other field, and so do we.
+    let spec: ClusterPolicySpec = serde_json::from_value(doc.clone()).unwrap();
+    assert!(spec.validate().is_empty(), "{:?}", spec.validate());
+    doc["driver"]["upgradePolicy"]["autoUpgrade"] = true.into();
+    let spec: ClusterPolicySpec = serde_json::from_value(doc).unwrap();
+    let errs = spec.validate();
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "spec.driver.upgradePolicy.maxParallelUpgrades",
+            "spec.driver.upgradePolicy.maxUnavailable",
+            "spec.driver.upgradePolicy.drain.podSelector",
+        ]
+    );
+    let mu = &errs[1];
+    assert!(mu.message.contains("\"25%\""), "{}", mu.message);
+    assert!(
+        mu.to_string()
+            .starts_with("spec.driver.upgradePolicy.maxUnavailable: ")
+    );
+}
+
+#[test]
+fn crd_schema_carries_nvidia_upgrade_defaults() {
+    let crd = serde_json::to_value(<ClusterPolicy as kube::CustomResourceExt>::crd()).unwrap();
+    let u = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["driver"]["properties"]["upgradePolicy"];
+    assert_eq!(u["x-kubernetes-preserve-unknown-fields"], true);
+    let p = &u["properties"];
+    assert_eq!(p["maxParallelUpgrades"]["default"], 1);
+    assert_eq!(p["maxParallelUpgrades"]["minimum"].as_f64(), Some(0.0));
+    assert_eq!(p["maxUnavailable"]["default"], "25%");
+    assert_eq!(p["maxUnavailable"]["x-kubernetes-int-or-string"], true);
+    assert_eq!(
+        p["podDeletion"]["properties"]["timeoutSeconds"]["default"],
+        300
+    );
+    assert_eq!(p["drain"]["properties"]["timeoutSeconds"]["default"], 300);
+    assert_eq!(
+        p["waitForCompletion"]["properties"]["timeoutSeconds"]["default"],
+        0
+    );
+    assert_eq!(p["autoUpgrade"]["default"], false);
+}
