@@ -46,6 +46,36 @@ use nvml_wrapper_sys::bindings::*;
 
 type Ret = nvmlReturn_t;
 
+mod compat;
+
+/// Every NVML function listed in `nvml-functions.txt` that this library does
+/// not implement, as a stub answering `NVML_ERROR_FUNCTION_NOT_FOUND`, so a
+/// client that binds the whole API (go-nvml resolves each symbol when first
+/// called and dies on an undefined one) gets an NVML error instead.
+/// `build.rs` writes the list of stubs.
+///
+/// The stubs take no parameters: under the C calling conventions NVML ships
+/// for (x86-64 System V, AArch64), arguments travel in registers or on a
+/// stack the caller cleans up, so a function that ignores them may be called
+/// with any argument list. Every listed function returns `nvmlReturn_t`
+/// except `nvmlErrorString`, which is implemented.
+mod stubs {
+    use super::{Ret, run};
+    use nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND;
+
+    macro_rules! not_found {
+        ($name:ident) => {
+            /// Not simulated: answers `NVML_ERROR_FUNCTION_NOT_FOUND`.
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $name() -> Ret {
+                run(|| Err(nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND))
+            }
+        };
+    }
+
+    include!(concat!(env!("OUT_DIR"), "/stubs.rs"));
+}
+
 const KIND_DEVICE: u64 = 1;
 const KIND_MIG: u64 = 2;
 const KIND_GI: u64 = 3;
@@ -435,36 +465,49 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     })
 }
 
+/// Framebuffer memory of a GPU or MIG device handle (a MIG device reports its
+/// GPU instance's memory).
+fn fb_memory(dev: nvmlDevice_t) -> Result<gpu_stack_core::backend::FbMemory, Ret> {
+    let d = decode(dev);
+    match d.kind {
+        KIND_DEVICE => telemetry(d.gpu)?.fb_memory.c(),
+        KIND_MIG => backend()?
+            .mig_telemetry(d.gpu)
+            .c()?
+            .into_iter()
+            .find(|t| t.gpu_instance_id == d.gi)
+            .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_FOUND)?
+            .fb_memory
+            .c(),
+        _ => Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+    }
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`: `version` must be `nvmlMemory_v2`
+/// (`NVML_ERROR_ARGUMENT_VERSION_MISMATCH` otherwise).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     dev: nvmlDevice_t,
     mem: *mut nvmlMemory_v2_t,
 ) -> Ret {
     run(|| {
-        let d = decode(dev);
-        let fb = match d.kind {
-            KIND_DEVICE => telemetry(d.gpu)?.fb_memory.c()?,
-            KIND_MIG => backend()?
-                .mig_telemetry(d.gpu)
-                .c()?
-                .into_iter()
-                .find(|t| t.gpu_instance_id == d.gi)
-                .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_FOUND)?
-                .fb_memory
-                .c()?,
-            _ => return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
-        };
         if mem.is_null() {
             return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
-        // SAFETY: non-null out-struct; the caller set `version`, which is kept.
-        unsafe {
-            (*mem).total = fb.total;
-            (*mem).reserved = fb.reserved;
-            (*mem).free = fb.free;
-            (*mem).used = fb.used;
+        // SAFETY: non-null; the caller set `version`.
+        let version = unsafe { (*mem).version };
+        if version != struct_version::<nvmlMemory_v2_t>(2) {
+            return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        Ok(())
+        let fb = fb_memory(dev)?;
+        let v = nvmlMemory_v2_t {
+            version,
+            total: fb.total,
+            reserved: fb.reserved,
+            free: fb.free,
+            used: fb.used,
+        };
+        unsafe { put(mem, v) }
     })
 }
 
@@ -685,6 +728,56 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
     })
 }
 
+/// `NVML_STRUCT_VERSION(T, v)`: the size of the struct with the version in
+/// the top byte, as NVML's headers define the `*_VERSION` constants.
+fn struct_version<T>(v: u32) -> c_uint {
+    (std::mem::size_of::<T>() as c_uint) | (v << 24)
+}
+
+/// What NVML reports for GPU-instance profile `profile` (the
+/// `NVML_GPU_INSTANCE_PROFILE_*` enum value) of `dev`, in the v2 layout
+/// (`version` left 0); the v1 and v2 functions copy from it.
+fn gi_profile_info(
+    dev: nvmlDevice_t,
+    profile: c_uint,
+) -> Result<nvmlGpuInstanceProfileInfo_v2_t, Ret> {
+    let gpu = device(dev)?;
+    if profile >= NVML_GPU_INSTANCE_PROFILE_COUNT {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let b = backend()?;
+    let geo = geometry(&b, gpu)?;
+    let gp = geo
+        .gi_profiles
+        .iter()
+        .find(|p| p.nvml_profile_enum == profile)
+        .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
+    let p = b
+        .gpu_instance_profiles(gpu)
+        .c()?
+        .into_iter()
+        .find(|p| p.id == gp.id)
+        .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
+    // SAFETY: all-zero is a valid value of this plain C struct.
+    let mut i: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+    i.id = p.id;
+    i.isP2pSupported = 0;
+    i.sliceCount = p.slice_count;
+    i.instanceCount = p.instance_count;
+    i.multiprocessorCount = p.multiprocessor_count;
+    i.copyEngineCount = p.slice_count;
+    i.decoderCount = gp.media.decoders;
+    i.encoderCount = gp.media.encoders;
+    i.jpegCount = gp.media.jpeg;
+    i.ofaCount = gp.media.ofa;
+    i.memorySizeMB = p.memory_mib;
+    fill_name(&mut i.name, &format!("MIG {}", p.name));
+    Ok(i)
+}
+
+/// `nvmlDeviceGetGpuInstanceProfileInfoV` with a v2 struct (the layout this
+/// library knows); another `version` is refused with
+/// `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
     dev: nvmlDevice_t,
@@ -692,41 +785,17 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
     info: *mut nvmlGpuInstanceProfileInfo_v2_t,
 ) -> Ret {
     run(|| {
-        let gpu = device(dev)?;
-        let b = backend()?;
-        let geo = geometry(&b, gpu)?;
-        let gp = geo
-            .gi_profiles
-            .iter()
-            .find(|p| p.nvml_profile_enum == profile)
-            .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
-        let p = b
-            .gpu_instance_profiles(gpu)
-            .c()?
-            .into_iter()
-            .find(|p| p.id == gp.id)
-            .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
         if info.is_null() {
             return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
-        // SAFETY: non-null out-struct; `version` set by the caller is kept.
-        unsafe {
-            let i = &mut *info;
-            i.id = p.id;
-            i.isP2pSupported = 0;
-            i.sliceCount = p.slice_count;
-            i.instanceCount = p.instance_count;
-            i.multiprocessorCount = p.multiprocessor_count;
-            i.copyEngineCount = p.slice_count;
-            i.decoderCount = gp.media.decoders;
-            i.encoderCount = gp.media.encoders;
-            i.jpegCount = gp.media.jpeg;
-            i.ofaCount = gp.media.ofa;
-            i.memorySizeMB = p.memory_mib;
-            i.name = [0; 96];
-            fill_name(&mut i.name, &format!("MIG {}", p.name));
+        // SAFETY: non-null; the caller set `version`.
+        let version = unsafe { (*info).version };
+        if version != struct_version::<nvmlGpuInstanceProfileInfo_v2_t>(2) {
+            return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        Ok(())
+        let mut v = gi_profile_info(dev, profile)?;
+        v.version = version;
+        unsafe { put(info, v) }
     })
 }
 
@@ -887,47 +956,79 @@ pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gi: nvmlGpuInstance_t) -> Ret {
     })
 }
 
+/// What NVML reports for compute-instance profile `profile` (the
+/// `NVML_COMPUTE_INSTANCE_PROFILE_*` enum value) in GPU instance `gi`, in the
+/// v2 layout (`version` left 0). `eng_profile` must be
+/// `NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED` (0), the only one NVML has.
+fn ci_profile_info(
+    gi: nvmlGpuInstance_t,
+    profile: c_uint,
+    eng_profile: c_uint,
+) -> Result<nvmlComputeInstanceProfileInfo_v2_t, Ret> {
+    let (gpu, id) = gi_of(gi)?;
+    if profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT
+        || eng_profile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+    {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let b = backend()?;
+    let geo = geometry(&b, gpu)?;
+    let g = b
+        .gpu_instances(gpu)
+        .c()?
+        .into_iter()
+        .find(|g| g.id == id)
+        .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+    let gp = geo
+        .by_id(g.profile_id)
+        .ok_or(nvmlReturn_enum_NVML_ERROR_UNKNOWN)?;
+    let cp = gp
+        .ci_profiles
+        .iter()
+        .find(|c| c.nvml_profile_enum == profile)
+        .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
+    // SAFETY: all-zero is a valid value of this plain C struct.
+    let mut i: nvmlComputeInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+    i.id = profile;
+    i.sliceCount = cp.compute_slices;
+    i.instanceCount = cp.max_instances;
+    i.multiprocessorCount = ci_multiprocessors(gp, cp.compute_slices);
+    i.sharedCopyEngineCount = gp.compute_slices;
+    i.sharedDecoderCount = gp.media.decoders;
+    i.sharedEncoderCount = gp.media.encoders;
+    i.sharedJpegCount = gp.media.jpeg;
+    i.sharedOfaCount = gp.media.ofa;
+    fill_name(&mut i.name, &format!("MIG {}", cp.name));
+    Ok(i)
+}
+
+/// Streaming multiprocessors of a compute instance of `slices` compute
+/// slices in a GPU instance of profile `gp`.
+fn ci_multiprocessors(gp: &gpu_stack_core::mig::GiProfile, slices: u32) -> u32 {
+    gp.multiprocessors.unwrap_or(gp.compute_slices * 16) / gp.compute_slices.max(1) * slices
+}
+
+/// `nvmlGpuInstanceGetComputeInstanceProfileInfoV` with a v2 struct; another
+/// `version` is refused with `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfoV(
     gi: nvmlGpuInstance_t,
     profile: c_uint,
-    _eng_profile: c_uint,
+    eng_profile: c_uint,
     info: *mut nvmlComputeInstanceProfileInfo_v2_t,
 ) -> Ret {
     run(|| {
-        let (gpu, id) = gi_of(gi)?;
-        let b = backend()?;
-        let geo = geometry(&b, gpu)?;
-        let g = b
-            .gpu_instances(gpu)
-            .c()?
-            .into_iter()
-            .find(|g| g.id == id)
-            .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
-        let gp = geo
-            .by_id(g.profile_id)
-            .ok_or(nvmlReturn_enum_NVML_ERROR_UNKNOWN)?;
-        let cp = gp
-            .ci_profiles
-            .iter()
-            .find(|c| c.nvml_profile_enum == profile)
-            .ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
         if info.is_null() {
             return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
-        // SAFETY: non-null out-struct; `version` set by the caller is kept.
-        unsafe {
-            let i = &mut *info;
-            i.id = profile;
-            i.sliceCount = cp.compute_slices;
-            i.instanceCount = cp.max_instances;
-            i.multiprocessorCount = gp.multiprocessors.unwrap_or(gp.compute_slices * 16)
-                / gp.compute_slices.max(1)
-                * cp.compute_slices;
-            i.name = [0; 96];
-            fill_name(&mut i.name, &format!("MIG {}", cp.name));
+        // SAFETY: non-null; the caller set `version`.
+        let version = unsafe { (*info).version };
+        if version != struct_version::<nvmlComputeInstanceProfileInfo_v2_t>(2) {
+            return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        Ok(())
+        let mut v = ci_profile_info(gi, profile, eng_profile)?;
+        v.version = version;
+        unsafe { put(info, v) }
     })
 }
 
@@ -1046,16 +1147,27 @@ pub unsafe extern "C" fn nvmlComputeInstanceDestroy(ci: nvmlComputeInstance_t) -
     })
 }
 
+/// The MIG device index range of a GPU: zero when MIG is not supported or
+/// not currently enabled, as NVML's header documents for
+/// `nvmlDeviceGetMaxMigDeviceCount` (and NVIDIA's go-nvml maintainers confirm
+/// in go-nvml issue #60: "For a GPU with MIG disabled this is 0").
+fn max_mig_devices(gpu: u32) -> Result<u32, Ret> {
+    let b = backend()?;
+    let Ok(geo) = geometry(&b, gpu) else {
+        return Ok(0);
+    };
+    if !b.mig_mode(gpu).c()?.current {
+        return Ok(0);
+    }
+    Ok(geo.max_instances.max(geo.compute_slices))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     dev: nvmlDevice_t,
     count: *mut c_uint,
 ) -> Ret {
-    run(|| {
-        let gpu = device(dev)?;
-        let geo = geometry(&backend()?, gpu)?;
-        unsafe { put(count, geo.max_instances.max(geo.compute_slices)) }
-    })
+    run(|| unsafe { put(count, max_mig_devices(device(dev)?)?) })
 }
 
 #[unsafe(no_mangle)]
@@ -1066,6 +1178,19 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 ) -> Ret {
     run(|| {
         let gpu = device(dev)?;
+        if mig.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // A GPU without MIG does not support the query; an index outside the
+        // range `nvmlDeviceGetMaxMigDeviceCount` gives (every index with MIG
+        // off, where the range is empty) is an invalid argument (NVML's
+        // header: "if device, index or migDevice reference is invalid"); an
+        // index inside it with no MIG device is not found. go-nvlib's
+        // VisitMigDevices skips the last two.
+        geometry(&backend()?, gpu)?;
+        if index >= max_mig_devices(gpu)? {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
         let all: Vec<(u32, u32)> = backend()?
             .gpu_instances(gpu)
             .c()?
