@@ -4,8 +4,8 @@
 //! stand-in.
 //!
 //! The binaries come from `tools/nvidia-oracles/build.sh` (cached under
-//! `~/.cache/gpu-stack/nvidia-oracles/bin`); where they are not built, each
-//! test says so and passes. mig-parted also reads /proc/modules and the PCI
+//! `~/.cache/gpu-stack/nvidia-oracles/bin`; `cargo xtask test` builds them and
+//! requires them); run alone without them, each test says so and passes. mig-parted also reads /proc/modules and the PCI
 //! devices in sysfs, which `tools/nvidia-oracles/fake-host.sh` fakes in a
 //! private mount namespace (`unshare -m`, root only); without that the
 //! mig-parted test is skipped too.
@@ -34,16 +34,33 @@ fn oracle_bin() -> PathBuf {
     cache.join("gpu-stack").join("nvidia-oracles").join("bin")
 }
 
+/// Set by `cargo xtask test`, which builds the tools first: a missing tool or
+/// `unshare` is then a failure, not a skip.
+const REQUIRED_ENV: &str = "GPU_STACK_NVIDIA_ORACLES_REQUIRED";
+
+fn required() -> bool {
+    std::env::var_os(REQUIRED_ENV).is_some_and(|v| v == "1")
+}
+
+/// Says why a test cannot run: a skip, or a failure where the tools are required.
+fn skip(why: &str) {
+    assert!(
+        !required(),
+        "{why} ({REQUIRED_ENV}=1: cargo xtask test builds and needs them)"
+    );
+    eprintln!("SKIPPED: {why}");
+}
+
 /// The binary `name`, or `None` after saying why the test is skipped.
 fn oracle(name: &str) -> Option<PathBuf> {
     let path = oracle_bin().join(name);
     if path.is_file() {
         return Some(path);
     }
-    eprintln!(
-        "SKIPPED: {} is not built; run tools/nvidia-oracles/build.sh to build NVIDIA's tools",
+    skip(&format!(
+        "{} is not built; run tools/nvidia-oracles/build.sh to build NVIDIA's tools",
         path.display()
-    );
+    ));
     None
 }
 
@@ -133,10 +150,10 @@ fn mig_parted_exports_the_simulated_layout() {
         .status()
         .is_ok_and(|s| s.success());
     if !unshare_works {
-        eprintln!(
-            "SKIPPED: `unshare -m` is not available (needs root); nvidia-mig-parted reads \
+        skip(
+            "`unshare -m` is not available (needs root); nvidia-mig-parted reads \
              /proc/modules and sysfs, which tools/nvidia-oracles/fake-host.sh fakes in a \
-             mount namespace"
+             mount namespace",
         );
         return;
     }

@@ -195,6 +195,15 @@ fn test(layout: &Layout, real_node: bool) -> Result<ExitCode> {
     // features of the test build: the real node's images are made from them.
     cargo(&["test", "--workspace", "--all-targets", "--no-run"])?;
     gobuild::ensure_built(layout)?;
+    // NVIDIA's own NVML clients, run against the stand-in libnvidia-ml.
+    let oracles = repo_dir().join("tools/nvidia-oracles/build.sh");
+    let status = Command::new("bash")
+        .arg(&oracles)
+        .status()
+        .with_context(|| format!("could not run {}", oracles.display()))?;
+    if !status.success() {
+        bail!("{} failed ({status})", oracles.display());
+    }
 
     let (kubeconfig, owned) = match cluster::running(layout)? {
         Some(kubeconfig) => {
@@ -219,6 +228,7 @@ fn test(layout: &Layout, real_node: bool) -> Result<ExitCode> {
             .args(["test", "--workspace", "--all-targets", "--no-fail-fast"])
             .env("KUBECONFIG", &kubeconfig)
             .env(layout::E2E_KUBECONFIG_ENV, &kubeconfig)
+            .env("GPU_STACK_NVIDIA_ORACLES_REQUIRED", "1")
             .env(layout::E2E_NODE_DIR_ENV, node::NodeLayout::new(layout).dir),
     );
 
