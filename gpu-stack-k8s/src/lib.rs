@@ -44,7 +44,7 @@ pub mod validator;
 
 // The operator's modules live under `operator/`; their old paths stay.
 pub use operator::metrics as operator_metrics;
-pub use operator::{cluster, clusterpolicy, controller, desired, leader};
+pub use operator::{cluster, clusterpolicy, controller, desired, leader, upgrade};
 
 // The kubelet's protocols live under `kubelet/`; their old paths stay.
 #[cfg(any(test, feature = "testing"))]

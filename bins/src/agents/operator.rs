@@ -48,6 +48,10 @@ pub struct Args {
     /// Quiet period (milliseconds) before a burst of changes runs one pass.
     #[arg(long, default_value_t = 200)]
     debounce_ms: u64,
+    /// A node waiting in one driver upgrade state longer than this gets a
+    /// Warning Event and a `DriverUpgradeStuck` condition on the policy.
+    #[arg(long, default_value_t = gpu_stack_k8s::upgrade::DEFAULT_STUCK_AFTER_SECONDS)]
+    upgrade_stuck_after_seconds: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -116,6 +120,7 @@ pub async fn operate(args: Args) -> Result<()> {
         listen: args.listen,
         leader,
         debounce: Duration::from_millis(args.debounce_ms),
+        upgrade_stuck_after: Duration::from_secs(args.upgrade_stuck_after_seconds),
     };
     run(config, options, OperatorPass::new, shutdown_signal())
         .await

@@ -148,6 +148,18 @@ pub struct OperatorMetrics {
     pub objects_unchanged: Counter,
     /// `gpu_stack_operator_leader`: 1 while this replica holds the lease.
     pub leader: Gauge,
+    /// `gpu_operator_nodes_upgrades_in_progress`.
+    pub nodes_upgrades_in_progress: Gauge,
+    /// `gpu_operator_nodes_upgrades_done`.
+    pub nodes_upgrades_done: Gauge,
+    /// `gpu_operator_nodes_upgrades_failed`.
+    pub nodes_upgrades_failed: Gauge,
+    /// `gpu_operator_nodes_upgrades_available`: upgrades that may start now.
+    pub nodes_upgrades_available: Gauge,
+    /// `gpu_operator_nodes_upgrades_pending`.
+    pub nodes_upgrades_pending: Gauge,
+    /// `gpu_operator_driver_auto_upgrade_enabled`.
+    pub driver_auto_upgrade_enabled: Gauge,
 }
 
 impl Default for OperatorMetrics {
@@ -171,6 +183,49 @@ impl OperatorMetrics {
         let objects_applied = Counter::default();
         let objects_unchanged = Counter::default();
         let leader = Gauge::default();
+        let upgrade_gauges: [(Gauge, &str, &str); 6] = [
+            (
+                Gauge::default(),
+                "gpu_operator_nodes_upgrades_in_progress",
+                "Total number of nodes on which the gpu operator pods are being upgraded",
+            ),
+            (
+                Gauge::default(),
+                "gpu_operator_nodes_upgrades_done",
+                "Total number of nodes on which the gpu operator pods are successfully upgraded",
+            ),
+            (
+                Gauge::default(),
+                "gpu_operator_nodes_upgrades_failed",
+                "Total number of nodes on which the gpu operator pod upgrades have failed",
+            ),
+            (
+                Gauge::default(),
+                "gpu_operator_nodes_upgrades_available",
+                "Total number of nodes on which the gpu operator pod upgrades can be done",
+            ),
+            (
+                Gauge::default(),
+                "gpu_operator_nodes_upgrades_pending",
+                "Total number of nodes on which the gpu operator pod upgrades are pending",
+            ),
+            (
+                Gauge::default(),
+                "gpu_operator_driver_auto_upgrade_enabled",
+                "1 if driver auto upgrade is enabled 0 if not",
+            ),
+        ];
+        for (g, name, help) in &upgrade_gauges {
+            registry.register(*name, *help, g.clone());
+        }
+        let [
+            (nodes_upgrades_in_progress, ..),
+            (nodes_upgrades_done, ..),
+            (nodes_upgrades_failed, ..),
+            (nodes_upgrades_available, ..),
+            (nodes_upgrades_pending, ..),
+            (driver_auto_upgrade_enabled, ..),
+        ] = upgrade_gauges;
         // ClusterPolicy is unavailable until the first reconcile says otherwise.
         reconciliation_status.set(ReconciliationStatus::ClusterPolicyUnavailable.value());
 
@@ -244,6 +299,12 @@ impl OperatorMetrics {
             objects_applied,
             objects_unchanged,
             leader,
+            nodes_upgrades_in_progress,
+            nodes_upgrades_done,
+            nodes_upgrades_failed,
+            nodes_upgrades_available,
+            nodes_upgrades_pending,
+            driver_auto_upgrade_enabled,
         }
     }
 

@@ -18,6 +18,7 @@ pub mod desired;
 pub mod leader;
 pub mod metrics;
 pub mod nvidiadriver;
+pub mod upgrade;
 
 use std::collections::BTreeMap;
 
@@ -159,7 +160,11 @@ impl<C: Cluster> Operator<C> {
             }
             let mut st = ignored_status(p, &active_name);
             carry_condition_times(&mut st, p.status.as_ref(), &(self.clock)());
-            if p.status.as_ref() != Some(&st) {
+            let current = p.status.as_ref().map(|s| ClusterPolicyStatus {
+                driver_upgrade: None,
+                ..s.clone()
+            });
+            if current.as_ref() != Some(&st) {
                 self.cluster
                     .update_policy_status(&name, &st)
                     .await
@@ -200,7 +205,12 @@ impl<C: Cluster> Operator<C> {
 
         let mut status = want.status.clone();
         carry_condition_times(&mut status, active.status.as_ref(), &(self.clock)());
-        if active.status.as_ref() != Some(&status) {
+        // `driverUpgrade` belongs to the upgrade controller: not compared here.
+        let current = active.status.as_ref().map(|s| ClusterPolicyStatus {
+            driver_upgrade: None,
+            ..s.clone()
+        });
+        if current.as_ref() != Some(&status) {
             self.cluster
                 .update_policy_status(&active_name, &status)
                 .await

@@ -464,6 +464,52 @@ pub struct ClusterPolicyStatus {
     /// Generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Progress of the driver upgrade flow (`spec.driver.upgradePolicy`).
+    /// Written by the upgrade controller under its own field manager; the
+    /// reconcile pass neither writes nor compares it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_upgrade: Option<DriverUpgradeStatus>,
+}
+
+/// Progress of the driver upgrade flow over the nodes that run a driver pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverUpgradeStatus {
+    /// `spec.driver.upgradePolicy.autoUpgrade`.
+    pub auto_upgrade: bool,
+    /// Nodes that run a driver pod.
+    pub total: i64,
+    /// Nodes whose driver pod runs the DaemonSet's newest revision and that
+    /// are not in the middle of an upgrade.
+    pub upgraded: i64,
+    /// Nodes between `cordon-required` and `uncordon-required`.
+    pub in_progress: i64,
+    /// Nodes in `upgrade-required`, waiting for a slot.
+    pub pending: i64,
+    /// Nodes in `upgrade-failed`.
+    pub failed: i64,
+    /// `n of m nodes upgraded`, with what is in flight.
+    pub message: String,
+    /// Nodes that waited in one state longer than the stuck limit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stuck: Vec<StuckUpgradeNode>,
+    /// `DriverUpgradeStuck`: `True` while any node is stuck.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A node the upgrade flow has waited on too long.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StuckUpgradeNode {
+    /// Node name.
+    pub node: String,
+    /// Its upgrade state.
+    pub state: String,
+    /// Unix seconds since it is in that state.
+    pub since: i64,
+    /// What it waits for.
+    pub waiting_for: String,
 }
 
 /// A node the operator will not deploy the driver to.

@@ -21,6 +21,7 @@ use super::watches::{Caches, OwnedStores, node_watch};
 use super::{ControllerError, ControllerSettings, Pass, run_controller};
 use crate::leader::{LeaderConfig, LeaderError, Leadership};
 use crate::operator_metrics::OperatorMetrics;
+use crate::upgrade::controller::{UpgradeController, UpgradeSettings, run_upgrades};
 
 /// Everything the operator process needs.
 #[derive(Clone, Debug)]
@@ -35,6 +36,9 @@ pub struct RunOptions {
     pub leader: Option<LeaderConfig>,
     /// Quiet period before a burst of triggers runs one pass.
     pub debounce: Duration,
+    /// A node waiting in one driver upgrade state longer than this gets a
+    /// Warning Event and is listed in `status.driverUpgrade.stuck`.
+    pub upgrade_stuck_after: Duration,
 }
 
 /// Why the operator process stopped with an error.
@@ -168,6 +172,21 @@ where
         debounce: options.debounce,
     };
     let pass_client = client.clone();
+    // The driver upgrade loop runs next to the reconcile loop, on the leader
+    // only, and stops with it.
+    let upgrades = UpgradeController::new(
+        client.clone(),
+        UpgradeSettings {
+            namespace: options.namespace.clone(),
+            stuck_after: options.upgrade_stuck_after,
+        },
+        metrics.clone(),
+        events.clone(),
+    );
+    let (upgrade_stop_tx, mut upgrade_stop_rx) = watch::channel(false);
+    let upgrade_task = tokio::spawn(run_upgrades(upgrades, async move {
+        let _ = upgrade_stop_rx.wait_for(|s| *s).await;
+    }));
     let result = run_controller(
         client,
         settings,
@@ -185,6 +204,8 @@ where
         controller_stop,
     )
     .await;
+    let _ = upgrade_stop_tx.send(true);
+    let _ = upgrade_task.await;
     metrics.leader.set(0);
 
     let lost = *lost_rx.borrow() && !*stop_rx.borrow();

@@ -125,6 +125,7 @@ pub fn ignored_status(policy: &ClusterPolicy, active: &str) -> ClusterPolicyStat
         unsupported_fields: Vec::new(),
         refused_nodes: Vec::new(),
         observed_generation: policy.metadata.generation,
+        driver_upgrade: None,
     }
 }
 
@@ -322,6 +323,7 @@ pub fn desired_state(
         unsupported_fields: spec.unsupported_fields(),
         refused_nodes: Vec::new(),
         observed_generation: policy.metadata.generation,
+        driver_upgrade: None,
     };
 
     // Bad input changes nothing.

@@ -1,0 +1,542 @@
+//! The upgrade loop of the operator process: one pass when the ClusterPolicy
+//! or a driver DaemonSet changes, soon again while nodes are mid-upgrade,
+//! and every two minutes regardless (NVIDIA's planned requeue).
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::{StreamExt, stream};
+use gpu_stack_core::operator::upgrade::{
+    PassOptions, STATE_LABEL, STATE_START_TIME_ANNOTATION, UpgradePlan, UpgradeState,
+    VALIDATOR_POD_SELECTOR, plan_pass, stuck_nodes,
+};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use super::apply::{NodeWork, node_work};
+use super::observe::{
+    ObserveError, PodSelectors, daemonset_revisions, needs_node_pods, observe_nodes, sort_node_pods,
+};
+use super::{DRIVER_SELECTOR, FIELD_MANAGER, UpgradeError, upgrade_status};
+use crate::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
+use crate::controller::events::{Announced, Decision, EventPublisher, Severity};
+use crate::desired::active_policy;
+use crate::operator_metrics::OperatorMetrics;
+
+/// NVIDIA's planned requeue: a pass at least this often.
+pub const IDLE_INTERVAL: Duration = Duration::from_secs(120);
+/// The next pass while a node waits on something outside the operator
+/// (pods terminating, the validator).
+pub const BUSY_INTERVAL: Duration = Duration::from_secs(5);
+/// The next pass after one that changed something: the flow moves each node
+/// one state per pass, so the next step is usually ready at once.
+pub const CHANGED_INTERVAL: Duration = Duration::from_secs(1);
+/// Quiet period after a trigger.
+pub const DEBOUNCE: Duration = Duration::from_millis(300);
+/// Nodes written at once.
+pub const WRITE_CONCURRENCY: usize = 8;
+/// Page size of the node list.
+pub const NODE_PAGE: u32 = 500;
+
+/// Settings of the upgrade loop.
+#[derive(Debug, Clone)]
+pub struct UpgradeSettings {
+    /// Namespace of the driver DaemonSets and the validator.
+    pub namespace: String,
+    /// A node waiting in one state longer than this is reported stuck.
+    pub stuck_after: Duration,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassSummary {
+    /// Managed nodes.
+    pub nodes: usize,
+    /// Nodes patched.
+    pub patched: usize,
+    /// Pods evicted (accepted by the API server).
+    pub evicted: usize,
+    /// Evictions a disruption budget refused (retried next pass).
+    pub eviction_blocked: usize,
+    /// Driver pods deleted.
+    pub driver_pods_deleted: usize,
+    /// Nodes that are between `upgrade-required` and done.
+    pub busy: bool,
+    /// API read requests the pass made.
+    pub reads: usize,
+}
+
+impl PassSummary {
+    /// When to run the next pass, absent triggers.
+    pub fn next_in(&self) -> Duration {
+        if self.patched + self.evicted + self.driver_pods_deleted > 0 {
+            CHANGED_INTERVAL
+        } else if self.busy {
+            BUSY_INTERVAL
+        } else {
+            IDLE_INTERVAL
+        }
+    }
+}
+
+/// The upgrade controller over a live cluster.
+pub struct UpgradeController {
+    client: Client,
+    settings: UpgradeSettings,
+    metrics: OperatorMetrics,
+    events: EventPublisher,
+    announced: Announced,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+impl UpgradeController {
+    /// The controller for operands in `settings.namespace`.
+    pub fn new(
+        client: Client,
+        settings: UpgradeSettings,
+        metrics: OperatorMetrics,
+        events: EventPublisher,
+    ) -> Self {
+        Self {
+            client,
+            settings,
+            metrics,
+            events,
+            announced: Announced::new(),
+        }
+    }
+
+    async fn list<K>(
+        &self,
+        api: &Api<K>,
+        params: &ListParams,
+        what: &str,
+    ) -> Result<Vec<K>, UpgradeError>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        api.list(params)
+            .await
+            .map(|l| l.items)
+            .map_err(|source| UpgradeError::Api {
+                during: format!("listing {what}"),
+                source,
+            })
+    }
+
+    async fn list_nodes(
+        &self,
+        params: ListParams,
+        reads: &mut usize,
+    ) -> Result<Vec<Node>, UpgradeError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut out = Vec::new();
+        let mut params = params.limit(NODE_PAGE);
+        loop {
+            *reads += 1;
+            let page = api
+                .list(&params)
+                .await
+                .map_err(|source| UpgradeError::Api {
+                    during: "listing nodes".into(),
+                    source,
+                })?;
+            out.extend(page.items);
+            match page.metadata.continue_ {
+                Some(c) if !c.is_empty() => params = params.continue_token(&c),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// One pass: read, plan, write.
+    pub async fn pass(&mut self) -> Result<PassSummary, UpgradeError> {
+        let mut summary = PassSummary::default();
+        let policies: Api<ClusterPolicy> = Api::all(self.client.clone());
+        let all = self
+            .list(&policies, &ListParams::default(), "ClusterPolicies")
+            .await?;
+        summary.reads += 1;
+        let Some(policy) = active_policy(&all).cloned() else {
+            self.clear_labels(&mut summary).await?;
+            self.metrics.driver_auto_upgrade_enabled.set(0);
+            return Ok(summary);
+        };
+        if policy.metadata.deletion_timestamp.is_some() {
+            return Ok(summary);
+        }
+        let upgrade = policy.spec.upgrade_policy().cloned().unwrap_or_default();
+        self.metrics
+            .driver_auto_upgrade_enabled
+            .set(i64::from(upgrade.auto_upgrade));
+        if !upgrade.auto_upgrade {
+            self.clear_labels(&mut summary).await?;
+            self.write_status(&policy, None).await?;
+            return Ok(summary);
+        }
+        let ns = &self.settings.namespace;
+        let driver = ListParams::default().labels(DRIVER_SELECTOR);
+        let sets: Vec<DaemonSet> = self
+            .list(
+                &Api::namespaced(self.client.clone(), ns),
+                &driver,
+                "driver DaemonSets",
+            )
+            .await?;
+        let revisions: Vec<ControllerRevision> = self
+            .list(
+                &Api::namespaced(self.client.clone(), ns),
+                &driver,
+                "driver ControllerRevisions",
+            )
+            .await?;
+        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let driver_pods = self.list(&pods_api, &driver, "driver pods").await?;
+        let validators = self
+            .list(
+                &pods_api,
+                &ListParams::default().labels(VALIDATOR_POD_SELECTOR),
+                "validator pods",
+            )
+            .await?;
+        summary.reads += 4;
+        let revisions = match daemonset_revisions(&sets, &revisions) {
+            Ok(r) => r,
+            Err(e @ ObserveError::DaemonSetNotObserved { .. }) => {
+                tracing::debug!(%e, "upgrade pass deferred");
+                summary.busy = true;
+                return Ok(summary);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let nodes = self
+            .list_nodes(ListParams::default(), &mut summary.reads)
+            .await?;
+        let mut observed = observe_nodes(&nodes, &revisions, &driver_pods, &validators);
+        for (node, why) in &observed.skipped {
+            tracing::warn!(%node, %why, "node left out of the upgrade pass");
+        }
+        let selectors = PodSelectors::new(&upgrade)?;
+        let all_pods: Api<Pod> = Api::all(self.client.clone());
+        let mut terminating = BTreeSet::new();
+        let empty = BTreeSet::new();
+        for n in observed
+            .nodes
+            .iter_mut()
+            .filter(|n| needs_node_pods(n.marks.state))
+        {
+            let params = ListParams::default().fields(&format!(
+                "spec.nodeName={},status.phase!=Succeeded,status.phase!=Failed",
+                n.name
+            ));
+            let pods = self.list(&all_pods, &params, "pods of a node").await?;
+            summary.reads += 1;
+            let sorted = sort_node_pods(
+                &pods,
+                &selectors,
+                observed.driver_pods.get(&n.name).unwrap_or(&empty),
+            );
+            n.gpu_pods = sorted.gpu;
+            n.wait_pods = sorted.wait;
+            n.drain_pods = sorted.drain;
+            terminating.extend(sorted.terminating);
+        }
+        let now = unix_now();
+        let opts = PassOptions::default();
+        let plan = plan_pass(&observed.nodes, &upgrade, now, &opts)?;
+        let stuck = stuck_nodes(
+            &observed.nodes,
+            &upgrade,
+            now,
+            self.settings.stuck_after.as_secs(),
+            &opts,
+        )?;
+        summary.nodes = observed.nodes.len();
+        summary.busy = plan
+            .decisions
+            .iter()
+            .any(|d| !matches!(d.next, UpgradeState::Unknown | UpgradeState::Done));
+        self.record_counts(&plan);
+        self.apply(&plan, &terminating, &mut summary).await;
+        let status = upgrade_status(&upgrade, &plan, &stuck, now);
+        self.write_status(&policy, Some(status)).await?;
+        self.publish_stuck(&stuck).await;
+        Ok(summary)
+    }
+
+    fn record_counts(&self, plan: &UpgradePlan) {
+        let c = &plan.counts;
+        let m = &self.metrics;
+        let g = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        m.nodes_upgrades_in_progress.set(g(c.in_progress));
+        m.nodes_upgrades_done.set(g(c.done));
+        m.nodes_upgrades_failed.set(g(c.failed));
+        m.nodes_upgrades_pending.set(g(c.pending));
+        m.nodes_upgrades_available.set(c.available);
+    }
+
+    async fn apply(
+        &self,
+        plan: &UpgradePlan,
+        terminating: &BTreeSet<(String, String)>,
+        summary: &mut PassSummary,
+    ) {
+        let work: Vec<NodeWork> = plan
+            .decisions
+            .iter()
+            .filter(|d| d.has_changes())
+            .map(|d| {
+                if d.from != d.next {
+                    tracing::info!(node = %d.node, from = %d.from.as_label(), to = %d.next.as_label(), reason = %d.reason, "driver upgrade");
+                }
+                node_work(d, terminating)
+            })
+            .filter(|w| !w.is_empty())
+            .collect();
+        let results: Vec<NodeOutcome> = stream::iter(work)
+            .map(|w| self.apply_node(w))
+            .buffer_unordered(WRITE_CONCURRENCY)
+            .collect()
+            .await;
+        for r in results {
+            summary.patched += usize::from(r.patched);
+            summary.evicted += r.evicted;
+            summary.eviction_blocked += r.blocked;
+            summary.driver_pods_deleted += r.deleted;
+        }
+    }
+
+    async fn apply_node(&self, w: NodeWork) -> NodeOutcome {
+        let mut out = NodeOutcome::default();
+        if let Some(patch) = &w.patch {
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            match nodes
+                .patch(&w.node, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(_) => out.patched = true,
+                Err(error) => {
+                    // The pod work follows the state written; without it, wait.
+                    tracing::warn!(node = %w.node, %error, "cannot patch node for the driver upgrade; retried next pass");
+                    return out;
+                }
+            }
+        }
+        for p in &w.evict {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &p.namespace);
+            match api.evict(&p.name, &EvictParams::default()).await {
+                Ok(_) => out.evicted += 1,
+                Err(e) if is_status(&e, 404) => {}
+                Err(e) if is_status(&e, 429) => {
+                    tracing::debug!(pod = %p, "eviction refused by a disruption budget; retried next pass");
+                    out.blocked += 1;
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %p, %error, "cannot evict pod; retried next pass")
+                }
+            }
+        }
+        for (ns, name) in &w.delete {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => out.deleted += 1,
+                Err(e) if is_status(&e, 404) => {}
+                Err(error) => {
+                    tracing::warn!(pod = %format!("{ns}/{name}"), %error, "cannot delete driver pod; retried next pass")
+                }
+            }
+        }
+        out
+    }
+
+    /// autoUpgrade off or no policy: remove the state label (and the state
+    /// time) from every node that has it, as NVIDIA does.
+    async fn clear_labels(&self, summary: &mut PassSummary) -> Result<(), UpgradeError> {
+        let labelled = self
+            .list_nodes(
+                ListParams::default().labels(STATE_LABEL),
+                &mut summary.reads,
+            )
+            .await?;
+        let patch = json!({"metadata": {
+            "labels": {STATE_LABEL: null},
+            "annotations": {STATE_START_TIME_ANNOTATION: null},
+        }});
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for n in labelled {
+            match nodes
+                .patch(
+                    &n.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => summary.patched += 1,
+                Err(e) if is_status(&e, 404) => {}
+                Err(source) => {
+                    return Err(UpgradeError::Api {
+                        during: format!("removing {STATE_LABEL} from node {}", n.name_any()),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `status.driverUpgrade` when it differs (server-side apply under
+    /// the upgrade controller's own field manager; `None` removes it).
+    async fn write_status(
+        &self,
+        policy: &ClusterPolicy,
+        status: Option<DriverUpgradeStatus>,
+    ) -> Result<(), UpgradeError> {
+        let current = policy
+            .status
+            .as_ref()
+            .and_then(|s| s.driver_upgrade.as_ref());
+        if current == status.as_ref() {
+            return Ok(());
+        }
+        let api: Api<ClusterPolicy> = Api::all(self.client.clone());
+        let body = json!({
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "status": match &status {
+                Some(s) => json!({"driverUpgrade": s}),
+                None => json!({}),
+            },
+        });
+        api.patch_status(
+            &policy.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map(|_| ())
+        .or_else(|e| if is_status(&e, 404) { Ok(()) } else { Err(e) })
+        .map_err(|source| UpgradeError::Api {
+            during: format!(
+                "writing status.driverUpgrade of ClusterPolicy {}",
+                policy.name_any()
+            ),
+            source,
+        })
+    }
+
+    async fn publish_stuck(&mut self, stuck: &[gpu_stack_core::operator::upgrade::StuckNode]) {
+        let all: Vec<(ObjectReference, Decision)> = stuck
+            .iter()
+            .map(|s| {
+                (
+                    ObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("Node".into()),
+                        name: Some(s.node.clone()),
+                        ..ObjectReference::default()
+                    },
+                    Decision {
+                        severity: Severity::Warning,
+                        reason: "DriverUpgradeStuck".into(),
+                        note: format!(
+                            "node {} is in driver upgrade state {} for over {} s: {}",
+                            s.node,
+                            s.state.as_label(),
+                            self.settings.stuck_after.as_secs(),
+                            s.waiting_for
+                        ),
+                        action: "Upgrade".into(),
+                    },
+                )
+            })
+            .collect();
+        for (regarding, decision) in self.announced.fresh(all) {
+            self.events.publish(&regarding, &decision).await;
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct NodeOutcome {
+    patched: bool,
+    evicted: usize,
+    blocked: usize,
+    deleted: usize,
+}
+
+/// Runs the upgrade loop until `shutdown` resolves. Failed passes are logged
+/// and retried after [`BUSY_INTERVAL`].
+pub async fn run_upgrades(
+    mut controller: UpgradeController,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let client = controller.client.clone();
+    let policies = watcher(
+        Api::<ClusterPolicy>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects()
+    .map(|_| ());
+    let sets = watcher(
+        Api::<DaemonSet>::namespaced(client, &controller.settings.namespace),
+        watcher::Config::default().labels(DRIVER_SELECTOR),
+    )
+    .default_backoff()
+    .touched_objects()
+    .map(|_| ());
+    let mut triggers = stream::select(policies, sets).boxed();
+    tokio::pin!(shutdown);
+    let mut next = Duration::ZERO;
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            t = triggers.next() => {
+                if t.is_none() {
+                    break;
+                }
+                // Gather the burst.
+                tokio::time::sleep(DEBOUNCE).await;
+                while let Some(Some(_)) = futures::FutureExt::now_or_never(triggers.next()) {}
+            }
+            () = tokio::time::sleep(next) => {}
+        }
+        let started = std::time::Instant::now();
+        next = match controller.pass().await {
+            Ok(s) => {
+                if s.patched + s.evicted + s.driver_pods_deleted + s.eviction_blocked > 0 {
+                    tracing::info!(
+                        nodes = s.nodes,
+                        patched = s.patched,
+                        evicted = s.evicted,
+                        eviction_blocked = s.eviction_blocked,
+                        driver_pods_deleted = s.driver_pods_deleted,
+                        reads = s.reads,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "driver upgrade pass"
+                    );
+                }
+                s.next_in()
+            }
+            Err(error) => {
+                tracing::warn!(%error, "driver upgrade pass failed; retrying");
+                BUSY_INTERVAL
+            }
+        };
+    }
+}

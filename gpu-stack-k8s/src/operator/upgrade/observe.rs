@@ -1,0 +1,391 @@
+//! Builds the pure pass's [`NodeObservation`]s from what the API server
+//! lists: nodes, the driver DaemonSets and their ControllerRevisions, the
+//! driver and validator pods, and the pods of the nodes whose state looks at
+//! their workload.
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpu_stack_core::operator::upgrade::{
+    DRIVER_POD_FAILING_RESTARTS, DriverPodObservation, LabelSelector, NodeObservation, PodRef,
+    UpgradeMarks, UpgradePolicy, UpgradeState, ValidatorStatus,
+};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+
+/// The label the DaemonSet controller puts on every pod (and revision) with
+/// the hash of the template it was created from.
+pub const REVISION_HASH_LABEL: &str = "controller-revision-hash";
+
+/// Resource name prefixes that make a pod a GPU pod (NVIDIA's `gpuPodSpecFilter`).
+pub const GPU_RESOURCE_PREFIXES: [&str; 2] = ["nvidia.com/gpu", "nvidia.com/mig-"];
+
+/// Why the observations of a pass could not be built.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ObserveError {
+    /// A driver DaemonSet's controller has not caught up with its spec, so
+    /// its newest revision is not known yet.
+    #[error(
+        "driver DaemonSet {name} has not observed generation {generation} yet; the upgrade pass waits for its controller"
+    )]
+    DaemonSetNotObserved {
+        /// DaemonSet name.
+        name: String,
+        /// Its generation.
+        generation: i64,
+    },
+    /// A selector of the upgrade policy does not parse.
+    #[error("spec.driver.upgradePolicy.{field}: {message}")]
+    Selector {
+        /// The policy field.
+        field: &'static str,
+        /// The parse error.
+        message: String,
+    },
+}
+
+/// The newest revision hash of each driver DaemonSet, by DaemonSet uid.
+///
+/// The DaemonSet controller keeps one ControllerRevision per template it has
+/// run, owned by the DaemonSet; the one with the highest `revision` is the
+/// current template, and its `controller-revision-hash` label is what the
+/// pods created from it carry. A DaemonSet whose status has not observed its
+/// generation may not have its newest revision yet: that is an error, and
+/// the pass is retried shortly.
+pub fn daemonset_revisions(
+    sets: &[DaemonSet],
+    revisions: &[ControllerRevision],
+) -> Result<BTreeMap<String, String>, ObserveError> {
+    let mut out = BTreeMap::new();
+    for ds in sets {
+        let Some(uid) = ds.uid() else { continue };
+        let generation = ds.metadata.generation.unwrap_or(0);
+        let observed = ds
+            .status
+            .as_ref()
+            .and_then(|s| s.observed_generation)
+            .unwrap_or(0);
+        if observed < generation {
+            return Err(ObserveError::DaemonSetNotObserved {
+                name: ds.name_any(),
+                generation,
+            });
+        }
+        let newest = revisions
+            .iter()
+            .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
+            .max_by_key(|r| r.revision)
+            .and_then(|r| r.labels().get(REVISION_HASH_LABEL).cloned());
+        if let Some(hash) = newest {
+            out.insert(uid, hash);
+        }
+    }
+    Ok(out)
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+/// Running with every container Ready.
+pub fn pod_ready(pod: &Pod) -> bool {
+    phase(pod) == "Running"
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|cs| !cs.is_empty() && cs.iter().all(|c| c.ready))
+}
+
+fn pod_failing(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                !c.ready
+                    && c.restart_count
+                        > i32::try_from(DRIVER_POD_FAILING_RESTARTS).unwrap_or(i32::MAX)
+            })
+        })
+}
+
+fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+/// The driver pod of each node: its pod that is not terminating if there is
+/// one (a replacement may already run next to the old one), else the
+/// terminating one.
+fn driver_pods_by_node(pods: &[Pod]) -> BTreeMap<&str, &Pod> {
+    let mut out: BTreeMap<&str, &Pod> = BTreeMap::new();
+    for pod in pods {
+        let Some(node) = node_of(pod) else { continue };
+        let live = pod.metadata.deletion_timestamp.is_none();
+        match out.get(node) {
+            Some(seen) if seen.metadata.deletion_timestamp.is_none() || !live => {}
+            _ => {
+                out.insert(node, pod);
+            }
+        }
+    }
+    out
+}
+
+fn driver_observation(pod: &Pod, revisions: &BTreeMap<String, String>) -> DriverPodObservation {
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+    DriverPodObservation {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        revision: pod
+            .labels()
+            .get(REVISION_HASH_LABEL)
+            .cloned()
+            .unwrap_or_default(),
+        daemonset_revision: owner.and_then(|o| revisions.get(&o.uid).cloned()),
+        ready: pod_ready(pod),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        failing: pod_failing(pod),
+    }
+}
+
+fn validator_status(pods: &[&Pod]) -> ValidatorStatus {
+    if pods.is_empty() {
+        ValidatorStatus::Absent
+    } else if pods.iter().all(|p| pod_ready(p)) {
+        ValidatorStatus::Ready
+    } else {
+        ValidatorStatus::NotReady
+    }
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_none_or(|c| c.status == "True")
+}
+
+/// Whether a pod asks for a GPU: a container (init containers included)
+/// whose limits or requests name `nvidia.com/gpu*` or `nvidia.com/mig-*`.
+pub fn uses_gpu(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| {
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flat_map(|m| m.keys())
+        })
+        .any(|k| GPU_RESOURCE_PREFIXES.iter().any(|p| k.starts_with(p)))
+}
+
+/// The [`PodRef`] of a pod: what `kubectl drain` looks at.
+pub fn pod_ref(pod: &Pod) -> PodRef {
+    let controller = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    PodRef {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        controlled: controller.is_some(),
+        daemon_set: controller.is_some_and(|o| o.kind == "DaemonSet"),
+        empty_dir: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.as_ref())
+            .is_some_and(|vs| vs.iter().any(|v| v.empty_dir.is_some())),
+    }
+}
+
+fn selector(field: &'static str, text: &str) -> Result<Option<LabelSelector>, ObserveError> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    LabelSelector::parse(text)
+        .map(Some)
+        .map_err(|e| ObserveError::Selector {
+            field,
+            message: e.to_string(),
+        })
+}
+
+/// The selectors the policy sorts a node's pods with.
+#[derive(Debug, Clone)]
+pub struct PodSelectors {
+    deletion: Option<LabelSelector>,
+    wait: Option<LabelSelector>,
+    drain: Option<LabelSelector>,
+}
+
+impl PodSelectors {
+    /// Parses the policy's `podDeletion`, `waitForCompletion` and drain selectors.
+    pub fn new(policy: &UpgradePolicy) -> Result<PodSelectors, ObserveError> {
+        Ok(PodSelectors {
+            deletion: selector("podDeletion.podSelector", &policy.pod_deletion.pod_selector)?,
+            wait: selector(
+                "waitForCompletion.podSelector",
+                &policy.wait_for_completion.pod_selector,
+            )?,
+            drain: if policy.drain.enable {
+                selector("drain.podSelector", &policy.drain_selector())?
+            } else {
+                None
+            },
+        })
+    }
+}
+
+/// The states whose step looks at the node's pods: only nodes in these get
+/// their pods listed.
+pub fn needs_node_pods(state: UpgradeState) -> bool {
+    matches!(
+        state,
+        UpgradeState::WaitForJobsRequired
+            | UpgradeState::PodDeletionRequired
+            | UpgradeState::DrainRequired
+    )
+}
+
+/// A node's workload, sorted by what the pass does with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodePods {
+    /// GPU pods (and those `podDeletion.podSelector` selects).
+    pub gpu: Vec<PodRef>,
+    /// Pods `waitForCompletion.podSelector` selects.
+    pub wait: Vec<PodRef>,
+    /// Pods the drain selects.
+    pub drain: Vec<PodRef>,
+    /// Pods already being deleted (never evicted again).
+    pub terminating: BTreeSet<(String, String)>,
+}
+
+/// Sorts the pods of one node (Running and Pending ones count; `driver`
+/// names the node's driver pods, which are never workload).
+pub fn sort_node_pods(
+    pods: &[Pod],
+    selectors: &PodSelectors,
+    driver: &BTreeSet<String>,
+) -> NodePods {
+    let mut out = NodePods::default();
+    for pod in pods {
+        let ph = phase(pod);
+        if ph == "Succeeded" || ph == "Failed" {
+            continue;
+        }
+        if driver.contains(&pod.name_any())
+            || pod
+                .annotations()
+                .contains_key("kubernetes.io/config.mirror")
+        {
+            continue;
+        }
+        let labels = pod.labels();
+        let r = pod_ref(pod);
+        if pod.metadata.deletion_timestamp.is_some() {
+            out.terminating
+                .insert((r.namespace.clone(), r.name.clone()));
+        }
+        let active = ph == "Running" || ph == "Pending";
+        if active
+            && (uses_gpu(pod)
+                || selectors
+                    .deletion
+                    .as_ref()
+                    .is_some_and(|s| s.matches(labels)))
+        {
+            out.gpu.push(r.clone());
+        }
+        if active && selectors.wait.as_ref().is_some_and(|s| s.matches(labels)) {
+            out.wait.push(r.clone());
+        }
+        if !r.daemon_set && selectors.drain.as_ref().is_some_and(|s| s.matches(labels)) {
+            out.drain.push(r);
+        }
+    }
+    out
+}
+
+/// What the first phase of observation found: the managed nodes, plus the
+/// nodes left out with the reason.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observed {
+    /// Managed nodes (with a driver pod), sorted by name; pods not filled in.
+    pub nodes: Vec<NodeObservation>,
+    /// Nodes with a driver pod that the pass leaves alone, with why.
+    pub skipped: Vec<(String, String)>,
+    /// The driver pod names per node (old and new), so they are never
+    /// counted as workload.
+    pub driver_pods: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// Observations of every node that runs a pod of a driver DaemonSet,
+/// without their workload pods (see [`needs_node_pods`] and [`sort_node_pods`]).
+pub fn observe_nodes(
+    nodes: &[Node],
+    revisions: &BTreeMap<String, String>,
+    driver_pods: &[Pod],
+    validator_pods: &[Pod],
+) -> Observed {
+    let by_node = driver_pods_by_node(driver_pods);
+    let mut validators: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+    for p in validator_pods {
+        if let Some(n) = node_of(p) {
+            validators.entry(n).or_default().push(p);
+        }
+    }
+    let mut out = Observed::default();
+    for p in driver_pods {
+        if let Some(n) = node_of(p) {
+            out.driver_pods
+                .entry(n.to_string())
+                .or_default()
+                .insert(p.name_any());
+        }
+    }
+    let empty = BTreeMap::new();
+    for node in nodes {
+        let name = node.name_any();
+        let Some(pod) = by_node.get(name.as_str()) else {
+            continue;
+        };
+        let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+        let annotations = node.metadata.annotations.as_ref().unwrap_or(&empty);
+        let marks = match UpgradeMarks::read(labels, annotations) {
+            Ok(m) => m,
+            Err(e) => {
+                out.skipped.push((name, e.to_string()));
+                continue;
+            }
+        };
+        out.nodes.push(NodeObservation {
+            marks,
+            node_ready: node_ready(node),
+            unschedulable: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+            driver_pod: driver_observation(pod, revisions),
+            validator: validator_status(
+                validators.get(name.as_str()).map_or(&[][..], Vec::as_slice),
+            ),
+            gpu_pods: Vec::new(),
+            wait_pods: Vec::new(),
+            drain_pods: Vec::new(),
+            name,
+        });
+    }
+    out.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
