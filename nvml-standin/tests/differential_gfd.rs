@@ -110,9 +110,10 @@ fn known_differences(
         assert!(!ours.contains_key(key), "{case}: ours now emits {key}");
         nvidia.remove(key);
     }
-    // With every GPU in MIG mode and no strategy exposing MIG devices as
-    // nvidia.com/gpu, NVIDIA counts replicas over the full GPUs it would
-    // advertise (none) and says 0; ours says 1.
+    // With every GPU in MIG mode under none/mixed, NVIDIA builds the
+    // nvidia.com/gpu labels of the MIG-enabled GPUs without a sharing config
+    // (internal/lm/mig-strategy.go), which it reads as 0 replicas; a full GPU
+    // of the same model would override them. Ours says 1.
     if mig == MigOn::All && strategy != "single" {
         let key = "nvidia.com/gpu.replicas";
         assert_eq!(
