@@ -406,11 +406,12 @@ impl UpgradeController {
         policy: &ClusterPolicy,
         status: Option<DriverUpgradeStatus>,
     ) -> Result<(), UpgradeError> {
-        let current = policy
-            .status
-            .as_ref()
-            .and_then(|s| s.driver_upgrade.as_ref());
-        if current == status.as_ref() {
+        // Before the reconcile pass wrote the status there is no `state`,
+        // which the schema requires: wait for it.
+        let Some(current) = policy.status.as_ref() else {
+            return Ok(());
+        };
+        if current.driver_upgrade.as_ref() == status.as_ref() {
             return Ok(());
         }
         let api: Api<ClusterPolicy> = Api::all(self.client.clone());
