@@ -8,6 +8,7 @@
 //! [`GpuFleet`] describes fake GPU nodes as node feature discovery would label
 //! them; kwok keeps them Ready and runs the pods bound to them.
 pub mod binaries;
+pub mod chart;
 
 use std::collections::BTreeMap;
 use std::future::Future;

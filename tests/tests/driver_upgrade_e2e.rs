@@ -8,7 +8,7 @@
 //! The ClusterPolicy is a cluster-wide singleton: this test and
 //! `operator_e2e` must not run against the same cluster at the same time.
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -16,15 +16,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
 use gpu_stack_e2e::binaries::workspace_binary;
+use gpu_stack_e2e::chart::{apply_crd, chart_kubeconfig, delete_applied, install_chart_rbac};
 use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
 use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::{Client, CustomResourceExt, ResourceExt};
+use kube::{Client, ResourceExt};
 
 /// GPU nodes in the fleet.
 const NODES: usize = 50;
@@ -34,192 +34,6 @@ const LONG: Duration = Duration::from_secs(120);
 const ROLLOUT: Duration = Duration::from_secs(600);
 const STATE_LABEL: &str = "nvidia.com/gpu-driver-upgrade-state";
 const DRIVER_SELECTOR: &str = "nvidia.com/gpu-stack.component=driver";
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn helm() -> Result<PathBuf> {
-    let out = Command::new(repo_root().join("tools/helm/build.sh"))
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running tools/helm/build.sh")?;
-    ensure!(out.status.success(), "tools/helm/build.sh failed");
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
-}
-
-/// Renders the chart and applies its ServiceAccount and RBAC documents.
-async fn install_chart_rbac(
-    client: &Client,
-    release: &str,
-    namespace: &str,
-) -> Result<Vec<DynamicObject>> {
-    let out = Command::new(helm()?)
-        .args(["template", release])
-        .arg(repo_root().join("deploy/helm/gpu-stack"))
-        .args([
-            "--namespace",
-            namespace,
-            "--set",
-            "clusterPolicy.deployCR=false",
-            // Only the operator's RBAC is applied (the node-discovery agent's
-            // is not needed); the chart insists on an image repository.
-            "--set",
-            "imageRepository=registry.example.com/gpu-stack",
-            "--set",
-            "nodeDiscovery.enabled=false",
-        ])
-        .output()
-        .context("helm template")?;
-    ensure!(
-        out.status.success(),
-        "helm template failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
-    let mut applied = Vec::new();
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple_with_options(&text, gpu_stack_core::yaml_guard::options())
-            .map_err(|e| {
-                anyhow!(
-                    "helm template output: {}",
-                    gpu_stack_core::yaml_guard::message(&e)
-                )
-            })?;
-    for value in docs {
-        if value.is_null() {
-            continue;
-        }
-        let obj: DynamicObject = serde_json::from_value(value)?;
-        let types = obj
-            .types
-            .clone()
-            .ok_or_else(|| anyhow!("document without kind"))?;
-        let wanted = [
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Role",
-            "RoleBinding",
-        ];
-        // Hook objects (the uninstall Job's account and roles) are helm's to
-        // create at uninstall time, not part of the installed operator.
-        if !wanted.contains(&types.kind.as_str()) || obj.annotations().contains_key("helm.sh/hook")
-        {
-            continue;
-        }
-        let gvk = GroupVersionKind::try_from(&types)?;
-        let ar = ApiResource::from_gvk(&gvk);
-        let api: Api<DynamicObject> = match obj.namespace() {
-            Some(ns) => Api::namespaced_with(client.clone(), &ns, &ar),
-            None => Api::all_with(client.clone(), &ar),
-        };
-        api.patch(
-            &obj.name_any(),
-            &PatchParams::apply("gpu-stack-e2e").force(),
-            &Patch::Apply(&obj),
-        )
-        .await
-        .with_context(|| format!("applying {} {}", types.kind, obj.name_any()))?;
-        applied.push(obj);
-    }
-    ensure!(
-        applied.len() >= 5,
-        "the chart rendered only {} RBAC documents",
-        applied.len()
-    );
-    Ok(applied)
-}
-
-async fn delete_applied(client: &Client, objs: &[DynamicObject]) {
-    for obj in objs {
-        let Some(types) = obj.types.clone() else {
-            continue;
-        };
-        let Ok(gvk) = GroupVersionKind::try_from(&types) else {
-            continue;
-        };
-        let ar = ApiResource::from_gvk(&gvk);
-        let api: Api<DynamicObject> = match obj.namespace() {
-            Some(ns) => Api::namespaced_with(client.clone(), &ns, &ar),
-            None => Api::all_with(client.clone(), &ar),
-        };
-        let _ = api.delete(&obj.name_any(), &DeleteParams::default()).await;
-    }
-}
-
-/// Server-side applies the generated ClusterPolicy CRD and waits until the API
-/// server serves it (before that, requests for ClusterPolicies get a bare 404).
-async fn apply_crd(crds: &Api<CustomResourceDefinition>) -> Result<()> {
-    crds.patch(
-        "clusterpolicies.nvidia.com",
-        &PatchParams::apply("gpu-stack-e2e").force(),
-        &Patch::Apply(&ClusterPolicy::crd()),
-    )
-    .await?;
-    wait_for("ClusterPolicy CRD established", LONG, || async {
-        let crd = crds.get("clusterpolicies.nvidia.com").await?;
-        Ok(crd
-            .status
-            .and_then(|s| s.conditions)
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            })
-            .then_some(()))
-    })
-    .await?;
-    Ok(())
-}
-
-/// A kubeconfig for the chart's ServiceAccount (from `rbac`), so the operator
-/// runs with exactly the permissions the chart grants.
-async fn chart_kubeconfig(
-    cluster: &TestCluster,
-    admin: &Client,
-    rbac: &[DynamicObject],
-    namespace: &str,
-    tmp: &Path,
-) -> Result<PathBuf> {
-    let sa = rbac
-        .iter()
-        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "ServiceAccount"))
-        .map(ResourceExt::name_any)
-        .ok_or_else(|| anyhow!("the chart has no ServiceAccount"))?;
-    let token = Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
-        .create_token_request(
-            &sa,
-            &PostParams::default(),
-            &TokenRequest {
-                spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
-                    expiration_seconds: Some(3600),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await?
-        .status
-        .map(|s| s.token)
-        .ok_or_else(|| anyhow!("no token in TokenRequest answer"))?;
-    token_kubeconfig(cluster.kubeconfig(), &token, tmp)
-}
-
-/// A kubeconfig for the test cluster that authenticates with `token`.
-fn token_kubeconfig(admin: &Path, token: &str, dir: &Path) -> Result<PathBuf> {
-    let mut kc = kube::config::Kubeconfig::read_from(admin)?;
-    for auth in &mut kc.auth_infos {
-        if let Some(info) = auth.auth_info.as_mut() {
-            *info = kube::config::AuthInfo {
-                token: Some(token.to_string().into()),
-                ..Default::default()
-            };
-        }
-    }
-    let path = dir.join("operator.kubeconfig");
-    std::fs::write(&path, serde_saphyr::to_string(&kc)?)?;
-    Ok(path)
-}
 
 struct Operator(Child);
 
