@@ -24,5 +24,8 @@ pub use counters::{
 pub use format::Value;
 pub use identity::{EntityIdentity, MigIdentity};
 pub use render::{EntitySample, Format, LabeledValue, RenderOptions, render, render_into};
-pub use snapshot::{GpuRound, NvlinkMark, ReadError, gpu_identity, gpu_samples, nvlink_rate_mib_s};
+pub use snapshot::{
+    GpuRound, NvlinkMark, ReadError, device_string_fields, gpu_identity, gpu_samples,
+    nvlink_rate_mib_s, wants_device_strings,
+};
 pub use xid::{EventWindow, xid_message};

@@ -8,6 +8,7 @@ use crate::backend::{
 };
 
 use super::catalog::Field;
+use super::counters::CounterSet;
 use super::format::Value;
 use super::render::{EntityIdentity, EntitySample, MigIdentity};
 
@@ -124,20 +125,34 @@ fn set_profiling(sample: &mut EntitySample, p: &Profiling) {
     }
 }
 
+/// The label fields a [`DeviceStrings`] supplies, each with its value.
+pub fn device_string_fields(d: &DeviceStrings) -> [(Field, Option<&str>); 7] {
+    [
+        (Field::DevBrand, d.brand.as_deref()),
+        (Field::DevSerial, d.serial.as_deref()),
+        (Field::VbiosVersion, d.vbios_version.as_deref()),
+        (Field::OemInforomVer, d.oem_inforom_version.as_deref()),
+        (Field::EccInforomVer, d.ecc_inforom_version.as_deref()),
+        (Field::PowerInforomVer, d.power_inforom_version.as_deref()),
+        (Field::InforomImageVer, d.inforom_image_version.as_deref()),
+    ]
+}
+
+/// Whether the counter set prints any label field that comes from
+/// [`DeviceStrings`] (so they are worth reading from the GPU).
+pub fn wants_device_strings(set: &CounterSet) -> bool {
+    let none = DeviceStrings::default();
+    let fields = device_string_fields(&none);
+    set.labels
+        .iter()
+        .any(|l| fields.iter().any(|(f, _)| *f == l.field))
+}
+
 /// Sets the text fields (printed as labels when the counter set asks).
 fn set_strings(sample: &mut EntitySample, d: &DeviceStrings) {
-    let strings = [
-        (Field::DevBrand, &d.brand),
-        (Field::DevSerial, &d.serial),
-        (Field::VbiosVersion, &d.vbios_version),
-        (Field::OemInforomVer, &d.oem_inforom_version),
-        (Field::EccInforomVer, &d.ecc_inforom_version),
-        (Field::PowerInforomVer, &d.power_inforom_version),
-        (Field::InforomImageVer, &d.inforom_image_version),
-    ];
-    for (field, v) in strings {
+    for (field, v) in device_string_fields(d) {
         if let Some(v) = v {
-            sample.text.insert(field, v.clone());
+            sample.text.insert(field, v.to_string());
         }
     }
 }
@@ -482,6 +497,26 @@ mod tests {
             ..round
         };
         assert_eq!(gpu_samples(round, &mut errors).len(), 1);
+    }
+
+    #[test]
+    fn device_strings_are_read_only_when_a_label_field_asks() {
+        use crate::metrics::counters::parse_counters;
+        let serial =
+            parse_counters("DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_SERIAL, label, s\n")
+                .unwrap()
+                .set;
+        assert!(wants_device_strings(&serial));
+        assert!(!wants_device_strings(&CounterSet::default_set()));
+        let d = DeviceStrings {
+            serial: Some("1650".into()),
+            ..DeviceStrings::default()
+        };
+        let set: Vec<_> = device_string_fields(&d)
+            .into_iter()
+            .filter_map(|(f, v)| v.map(|v| (f, v)))
+            .collect();
+        assert_eq!(set, vec![(Field::DevSerial, "1650")]);
     }
 
     #[test]

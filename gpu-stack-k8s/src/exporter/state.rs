@@ -16,8 +16,8 @@ use gpu_stack_core::metrics::exp::{
     xid_count_series, xid_total_series,
 };
 use gpu_stack_core::metrics::{
-    ContainerDevices, CounterSet, EntitySample, Field, Format, GpuRound, NvlinkMark, ReadError,
-    Value, attribute, gpu_samples, nvlink_rate_mib_s, render,
+    ContainerDevices, EntitySample, Field, Format, GpuRound, NvlinkMark, ReadError, Value,
+    attribute, gpu_samples, nvlink_rate_mib_s, render, wants_device_strings,
 };
 
 use super::selfmetrics::SelfMetrics;
@@ -278,22 +278,6 @@ struct GpuSampler {
     last_entities: Vec<EntitySample>,
 }
 
-/// Whether the counter set prints any of the device-string label fields.
-fn wants_strings(set: &CounterSet) -> bool {
-    set.labels.iter().any(|l| {
-        matches!(
-            l.field,
-            Field::DevBrand
-                | Field::DevSerial
-                | Field::VbiosVersion
-                | Field::OemInforomVer
-                | Field::EccInforomVer
-                | Field::PowerInforomVer
-                | Field::InforomImageVer
-        )
-    })
-}
-
 impl GpuSampler {
     fn new(gpu: u32, peers: u32, clock_window_ms: u64) -> Self {
         Self {
@@ -366,7 +350,7 @@ impl GpuSampler {
         } else {
             (Vec::new(), Vec::new())
         };
-        if self.strings.is_none() && wants_strings(set) {
+        if self.strings.is_none() && wants_device_strings(set) {
             match backend.device_strings(gpu) {
                 Ok(d) => self.strings = Some(d),
                 Err(e) => errors.push(ReadError {
