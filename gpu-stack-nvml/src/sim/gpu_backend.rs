@@ -474,10 +474,7 @@ impl GpuBackend for SimulatedBackend {
     }
 
     fn p2p_status(&self, gpu: u32, peer: u32) -> Result<P2pStatus, BackendError> {
-        let has_nvlink = |g: &GpuState| -> Result<bool, BackendError> {
-            let t = telemetry::gpu_sample(model_of(g)?, g, 0);
-            Ok(!t.nvlink_total_kib.is_not_supported())
-        };
+        let has_nvlink = |g: &GpuState| model_of(g).map(telemetry::has_nvlink);
         let peer_nvlink = self.on_gpu(peer, CallClass::Inventory, |g, _, _| has_nvlink(g))?;
         self.on_gpu(gpu, CallClass::Inventory, |g, _, _| {
             Ok(if gpu == peer {

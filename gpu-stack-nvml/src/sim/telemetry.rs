@@ -42,6 +42,11 @@ struct Envelope {
     gpm: bool,
 }
 
+/// Whether the model's GPUs are NVLink-connected (SXM and superchip boards).
+pub fn has_nvlink(model: &GpuModel) -> bool {
+    envelope(model).nvlink
+}
+
 fn envelope(model: &GpuModel) -> Envelope {
     let name = model.name.to_ascii_uppercase();
     let hbm = model.mig.is_some();
