@@ -425,6 +425,18 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
 
 // ---- features go-nvlib probes by symbol ----
 
+/// A device query the simulated GPUs do not support: the device handle and
+/// out-pointer are checked as NVML does, then `NOT_SUPPORTED`.
+fn not_supported<T>(dev: nvmlDevice_t, out: *mut T) -> Ret {
+    run(|| {
+        device(dev)?;
+        if out.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
+    })
+}
+
 /// `nvmlDeviceGetGpuFabricInfo`: the simulated GPUs are not attached to an
 /// NVLink fabric (go-nvlib's IsFabricAttached reads this as "not attached").
 #[unsafe(no_mangle)]
@@ -432,27 +444,16 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfo(
     dev: nvmlDevice_t,
     info: *mut nvmlGpuFabricInfo_t,
 ) -> Ret {
-    run(|| {
-        device(dev)?;
-        if info.is_null() {
-            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-        }
-        Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
-    })
+    not_supported(dev, info)
 }
 
+/// `nvmlDeviceGetGpuFabricInfoV`: as [`nvmlDeviceGetGpuFabricInfo`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
     dev: nvmlDevice_t,
     info: *mut nvmlGpuFabricInfoV_t,
 ) -> Ret {
-    run(|| {
-        device(dev)?;
-        if info.is_null() {
-            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-        }
-        Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
-    })
+    not_supported(dev, info)
 }
 
 /// `nvmlDeviceGetAddressingMode`: not supported, as on GPUs without ATS
@@ -462,13 +463,7 @@ pub unsafe extern "C" fn nvmlDeviceGetAddressingMode(
     dev: nvmlDevice_t,
     mode: *mut nvmlDeviceAddressingMode_t,
 ) -> Ret {
-    run(|| {
-        device(dev)?;
-        if mode.is_null() {
-            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-        }
-        Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
-    })
+    not_supported(dev, mode)
 }
 
 // ---- error strings ----
