@@ -23,8 +23,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::driver::{
-    DriverNode, GpuIdentity, Incompatibility, KernelModuleType, branch_of, check_gpu, is_digest,
-    resolve_module_type,
+    DriverNode, DriverPlan, DriverRequest, GpuIdentity, Incompatibility, KernelModuleType,
+    branch_of, check_gpu, is_digest, plan_driver, resolve_module_type, sanitize_name_part,
 };
 use super::labels::{LabelPatch, Labels};
 
@@ -204,6 +204,14 @@ pub enum NvidiaDriverError {
         nodes: NodeList,
         /// What the matrix says.
         reason: Incompatibility,
+    },
+    /// The image request cannot be planned (e.g. an empty image name).
+    #[error("NVIDIADriver {cr}: {reason}")]
+    Request {
+        /// Resource name.
+        cr: String,
+        /// What the driver planner says, naming the field.
+        reason: String,
     },
     /// More problems than one status can list.
     #[error("NVIDIADriver {cr}: {more} more problems not listed; fix the ones above first")]
@@ -542,6 +550,124 @@ pub fn owned_gpus(cr: &str, routing: &Routing, nodes: &[DriverNode]) -> Vec<GpuI
         .flat_map(|n| n.gpus.iter().cloned())
         .collect();
     set.into_iter().collect()
+}
+
+/// Longest DaemonSet name: it is also the pods' `app` label value, which
+/// Kubernetes caps at 63 characters.
+pub const MAX_DAEMONSET_NAME: usize = 63;
+
+/// The driver DaemonSet of one NVIDIADriver for one node pool:
+/// `nvidia-<driverType>-driver-<resource>-<pool>`, shortened with a hash of
+/// the full name when it is longer than [`MAX_DAEMONSET_NAME`], so two
+/// resources never share a DaemonSet.
+pub fn daemonset_name(cr: &str, driver_type: DriverType, pool: &str) -> String {
+    let full = format!(
+        "nvidia-{}-driver-{}-{pool}",
+        driver_type.as_str(),
+        sanitize_name_part(cr)
+    );
+    if full.len() <= MAX_DAEMONSET_NAME {
+        return full;
+    }
+    // FNV-1a: stable across builds, so a name never changes under a DaemonSet.
+    let hash = full.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let keep = MAX_DAEMONSET_NAME - 9;
+    let mut head: String = full.chars().take(keep).collect();
+    while head.ends_with(['-', '.']) {
+        head.pop();
+    }
+    format!("{head}-{:08x}", hash as u32)
+}
+
+/// What one NVIDIADriver rolls out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverRollout {
+    /// Resource name.
+    pub name: String,
+    /// Why the resource is refused; empty when it rolls out. A refused
+    /// resource changes nothing: its DaemonSets stay as they are.
+    pub problems: Vec<NvidiaDriverError>,
+    /// Nodes it owns after routing, sorted.
+    pub nodes: Vec<String>,
+    /// Its driver pools over those nodes, with DaemonSet names of their own
+    /// ([`daemonset_name`]); empty when refused.
+    pub plan: DriverPlan,
+}
+
+impl DriverRollout {
+    /// Whether the resource is rolled out.
+    pub fn accepted(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// The routing and the rollout of every NVIDIADriver.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriversPlan {
+    /// Which resource owns each node, and the owner-label changes.
+    pub routing: Routing,
+    /// One entry per resource, in input order.
+    pub drivers: Vec<DriverRollout>,
+}
+
+impl DriversPlan {
+    /// The rollout of one resource.
+    pub fn driver(&self, name: &str) -> Option<&DriverRollout> {
+        self.drivers.iter().find(|d| d.name == name)
+    }
+}
+
+/// Routes GPU nodes to resources ([`route`]), validates each resource
+/// ([`validate`]) and plans the driver pools of each accepted one over the
+/// nodes it owns ([`plan_driver`] with the resource's image request).
+///
+/// A node held back by a conflict keeps its current owner, so the DaemonSet
+/// already running there keeps running; a resource that is refused plans
+/// nothing and its nodes keep their owner label, so no other resource takes
+/// them meanwhile.
+pub fn plan_drivers(nodes: &[DriverNode], crs: &[(DriverCr, DriverRequest)]) -> DriversPlan {
+    let only_crs: Vec<DriverCr> = crs.iter().map(|(c, _)| c.clone()).collect();
+    let routing = route(nodes, &only_crs);
+    let drivers = crs
+        .iter()
+        .map(|(cr, req)| {
+            let mut problems = validate(cr, &routing, nodes);
+            let owned: Vec<DriverNode> = nodes
+                .iter()
+                .filter(|n| routing.owners.get(&n.name) == Some(&cr.name))
+                .cloned()
+                .collect();
+            let mut plan = DriverPlan::default();
+            if problems.is_empty() {
+                match plan_driver(req, &owned) {
+                    Ok(mut p) => {
+                        let prefix =
+                            format!("{}-", super::components::Component::Driver.daemonset_name());
+                        for pool in &mut p.pools {
+                            let key = pool.name.strip_prefix(&prefix).unwrap_or(&pool.name);
+                            pool.name = daemonset_name(&cr.name, cr.driver_type, key);
+                        }
+                        plan = p;
+                    }
+                    Err(e) => problems.push(NvidiaDriverError::Request {
+                        cr: cr.name.clone(),
+                        reason: e.to_string(),
+                    }),
+                }
+            }
+            let mut names: Vec<String> = owned.into_iter().map(|n| n.name).collect();
+            names.sort();
+            DriverRollout {
+                name: cr.name.clone(),
+                problems,
+                nodes: names,
+                plan,
+            }
+        })
+        .collect();
+    DriversPlan { routing, drivers }
 }
 
 #[cfg(test)]
@@ -972,6 +1098,134 @@ mod tests {
             });
             let after = route(&nodes, &more);
             prop_assert_eq!(before, after);
+        }
+    }
+
+    fn request(version: &str) -> DriverRequest {
+        DriverRequest {
+            repository: "nvcr.io/nvidia".into(),
+            image: "driver".into(),
+            version: version.into(),
+            use_precompiled: false,
+            kernel_module_type: KernelModuleType::Auto,
+        }
+    }
+
+    fn with_os(mut n: DriverNode, id: &str, version: &str) -> DriverNode {
+        use crate::operator::labels::{NFD_OS_ID, NFD_OS_VERSION};
+        n.labels.insert(NFD_OS_ID.into(), id.into());
+        n.labels.insert(NFD_OS_VERSION.into(), version.into());
+        n
+    }
+
+    #[test]
+    fn each_resource_gets_its_own_pools_and_versions() {
+        let h100 = gpu("NVIDIA H100 80GB HBM3", "hopper");
+        let nodes = [
+            with_os(
+                node("a", &[("pool", "h100")], vec![h100.clone()]),
+                "ubuntu",
+                "22.04",
+            ),
+            with_os(
+                node("b", &[("pool", "h100")], vec![h100.clone()]),
+                "ubuntu",
+                "24.04",
+            ),
+            with_os(node("c", &[], vec![h100]), "ubuntu", "22.04"),
+        ];
+        let mut pinned = cr("h100", false, &[("pool", "h100")]);
+        pinned.version = "570.172.08".into();
+        let def = cr("default", true, &[]);
+        let p = plan_drivers(
+            &nodes,
+            &[(pinned, request("570.172.08")), (def, request("595.91.07"))],
+        );
+        let h = p.driver("h100").unwrap();
+        assert!(h.accepted());
+        assert_eq!(h.nodes, ["a", "b"]);
+        let names: Vec<&str> = h.plan.pools.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "nvidia-gpu-driver-h100-ubuntu22.04",
+                "nvidia-gpu-driver-h100-ubuntu24.04"
+            ]
+        );
+        assert!(h.plan.pools[0].image.ends_with(":570.172.08-ubuntu22.04"));
+        let d = p.driver("default").unwrap();
+        assert_eq!(d.nodes, ["c"]);
+        assert_eq!(d.plan.pools.len(), 1);
+        assert!(d.plan.pools[0].image.ends_with(":595.91.07-ubuntu22.04"));
+    }
+
+    #[test]
+    fn a_refused_resource_plans_nothing_and_names_why() {
+        let nodes = [with_os(node("a", &[], vec![]), "ubuntu", "22.04")];
+        let mut bad = cr("bad", true, &[]);
+        bad.version = String::new();
+        let mut no_image = request("595.91.07");
+        no_image.image = String::new();
+        let p = plan_drivers(
+            &nodes,
+            &[
+                (bad, request("")),
+                (cr("x", false, &[("pool", "x")]), no_image),
+            ],
+        );
+        let b = p.driver("bad").unwrap();
+        assert!(!b.accepted() && b.plan.pools.is_empty());
+        assert!(b.problems[0].to_string().contains("spec.version is empty"));
+        let x = p.driver("x").unwrap();
+        // Owns no node, but its request is still checked.
+        assert!(x.nodes.is_empty());
+        assert!(matches!(
+            x.problems[..],
+            [NvidiaDriverError::Request { .. }]
+        ));
+    }
+
+    #[test]
+    fn long_names_are_capped_and_stay_distinct() {
+        let long_a = "a".repeat(70);
+        let long_b = format!("{}b", "a".repeat(69));
+        let a = daemonset_name(&long_a, DriverType::Gpu, "ubuntu22.04");
+        let b = daemonset_name(&long_b, DriverType::Gpu, "ubuntu22.04");
+        assert!(a.len() <= MAX_DAEMONSET_NAME && b.len() <= MAX_DAEMONSET_NAME);
+        assert_ne!(a, b);
+        assert_eq!(a, daemonset_name(&long_a, DriverType::Gpu, "ubuntu22.04"));
+        assert_eq!(
+            daemonset_name("My_Pool", DriverType::Vgpu, "rhel9.4"),
+            "nvidia-vgpu-driver-my-pool-rhel9.4"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn every_node_runs_at_most_one_driver(nodes in arb_nodes(), crs in arb_crs()) {
+            let nodes: Vec<DriverNode> = nodes
+                .into_iter()
+                .map(|n| with_os(n, "ubuntu", "22.04"))
+                .collect();
+            let input: Vec<(DriverCr, DriverRequest)> =
+                crs.iter().map(|c| (c.clone(), request(&c.version))).collect();
+            let p = plan_drivers(&nodes, &input);
+            let mut seen = BTreeSet::new();
+            let mut names = BTreeSet::new();
+            for d in &p.drivers {
+                for pool in &d.plan.pools {
+                    prop_assert!(pool.name.len() <= MAX_DAEMONSET_NAME);
+                    prop_assert!(names.insert(pool.name.clone()), "two pools named {}", pool.name);
+                    for n in &pool.nodes {
+                        // A pool's nodes are nodes its resource owns.
+                        prop_assert_eq!(p.routing.owners.get(n), Some(&d.name));
+                        prop_assert!(seen.insert(n.clone()), "node {} in two pools", n);
+                    }
+                }
+                if !d.accepted() {
+                    prop_assert!(d.plan.pools.is_empty());
+                }
+            }
         }
     }
 }
