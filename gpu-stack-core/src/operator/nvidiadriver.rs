@@ -27,6 +27,7 @@ use super::driver::{
     branch_of, check_gpu, is_digest, plan_driver, resolve_module_type, sanitize_name_part,
 };
 use super::labels::{LabelPatch, Labels};
+use super::upgrade::UpgradePolicy;
 
 /// Node label naming the NVIDIADriver that owns the node's driver.
 pub const OWNER_LABEL: &str = "nvidia.com/gpu-operator.driver.owner";
@@ -66,7 +67,7 @@ impl DriverType {
 
 /// One NVIDIADriver resource, as routing and validation need it. Resources
 /// being deleted are left out by the caller, as the NVIDIA operator does.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DriverCr {
     /// Resource name (the owner label's value).
     pub name: String,
@@ -83,6 +84,9 @@ pub struct DriverCr {
     pub kernel_module_type: KernelModuleType,
     /// `spec.usePrecompiled`.
     pub use_precompiled: bool,
+    /// `spec.upgradePolicy`, as read (NVIDIA's NVIDIADriver defaults
+    /// `autoUpgrade` to true); checked by [`validate_spec`] when it is on.
+    pub upgrade_policy: UpgradePolicy,
 }
 
 impl DriverCr {
@@ -205,6 +209,16 @@ pub enum NvidiaDriverError {
         /// What the matrix says.
         reason: Incompatibility,
     },
+    /// The upgrade policy cannot be used.
+    #[error("NVIDIADriver {cr}: spec.upgradePolicy.{field}: {reason}")]
+    UpgradePolicy {
+        /// Resource name.
+        cr: String,
+        /// The field, relative to `upgradePolicy`.
+        field: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
     /// The image request cannot be planned (e.g. an empty image name).
     #[error("NVIDIADriver {cr}: {reason}")]
     Request {
@@ -253,6 +267,21 @@ pub fn validate_spec(cr: &DriverCr) -> Vec<NvidiaDriverError> {
             cr: cr.name.clone(),
             version: version.to_string(),
         });
+    }
+    // As in the ClusterPolicy, with autoUpgrade off the rest is ignored.
+    if cr.upgrade_policy.auto_upgrade {
+        for e in cr.upgrade_policy.validate() {
+            let text = e.to_string();
+            let reason = text
+                .strip_prefix(&format!("{}: ", e.field()))
+                .unwrap_or(&text)
+                .to_string();
+            out.push(NvidiaDriverError::UpgradePolicy {
+                cr: cr.name.clone(),
+                field: e.field().to_string(),
+                reason,
+            });
+        }
     }
     out
 }

@@ -272,9 +272,16 @@ pub struct DriverSpec {
     pub upgrade_policy: Option<UpgradePolicy>,
 }
 
-/// The CRD schema of `upgradePolicy`: NVIDIA's, with its defaults and
-/// minimums, plus unknown fields preserved so they can be reported.
+/// The CRD schema of the ClusterPolicy's `upgradePolicy`: NVIDIA's, with
+/// its defaults (`autoUpgrade` off) and minimums, plus unknown fields
+/// preserved so they can be reported.
 pub fn upgrade_policy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    upgrade_policy_schema_with(false)
+}
+
+/// The `upgradePolicy` schema with `autoUpgrade` defaulting to
+/// `auto_upgrade` (false in the ClusterPolicy, true in the NVIDIADriver).
+pub fn upgrade_policy_schema_with(auto_upgrade: bool) -> schemars::Schema {
     let timeout = |default: i64, what: &str| {
         serde_json::json!({
             "type": "integer",
@@ -291,7 +298,11 @@ pub fn upgrade_policy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Sch
         "description": "Driver upgrade policy: how driver pods are rolled to a new version node by node.",
         "x-kubernetes-preserve-unknown-fields": true,
         "properties": {
-            "autoUpgrade": flag("Upgrade drivers automatically; when false the other fields are ignored."),
+            "autoUpgrade": {
+                "type": "boolean",
+                "default": auto_upgrade,
+                "description": "Upgrade drivers automatically; when false the other fields are ignored."
+            },
             "maxParallelUpgrades": {
                 "type": "integer",
                 "minimum": 0,

@@ -20,6 +20,7 @@ use gpu_stack_core::operator::driver::{DriverRequest, KernelModuleType};
 use gpu_stack_core::operator::nvidiadriver::{
     DriverCr, DriverType, NvidiaDriverError, REASON_CONFLICTING_NODE_SELECTOR, Routing,
 };
+use gpu_stack_core::operator::upgrade::UpgradePolicy;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -147,11 +148,16 @@ pub struct NvidiaDriverSpec {
     /// Secret whose keys become driver container env variables.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_env: Option<String>,
-    /// Driver upgrade policy, in the ClusterPolicy's `driver.upgradePolicy`
-    /// shape; the typed policy is the ClusterPolicy's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
-    pub upgrade_policy: Option<Value>,
+    /// How this resource's nodes are upgraded to a new driver: the
+    /// ClusterPolicy's `driver.upgradePolicy` fields, with `autoUpgrade`
+    /// defaulting to true as in NVIDIA's NVIDIADriver.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "auto_upgrade_by_default"
+    )]
+    #[schemars(schema_with = "nvidia_driver_upgrade_policy_schema")]
+    pub upgrade_policy: Option<UpgradePolicy>,
     /// Labels of the GPU nodes this driver manages (empty: every GPU node).
     /// The reserved key `nvidia.com/gpu-operator.driver.owner` is refused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -226,6 +232,30 @@ impl Default for NvidiaDriverSpec {
             extra: Extra::new(),
         }
     }
+}
+
+/// NVIDIA's NVIDIADriver defaults `autoUpgrade` to true; a document that
+/// leaves it out (one the API server did not default, as in the in-memory
+/// cluster) reads the same.
+fn auto_upgrade_by_default<'de, D>(d: D) -> Result<Option<UpgradePolicy>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let Some(mut v) = Option::<Value>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Value::Object(m) = &mut v
+        && !matches!(m.get("autoUpgrade"), Some(Value::Bool(_)))
+    {
+        m.insert("autoUpgrade".into(), Value::Bool(true));
+    }
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn nvidia_driver_upgrade_policy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    crate::clusterpolicy::upgrade_policy_schema_with(true)
 }
 
 fn default_image() -> String {
@@ -469,6 +499,18 @@ impl NvidiaDriverSpec {
         }
     }
 
+    /// The upgrade policy of this resource's nodes: the one written, or
+    /// NVIDIA's NVIDIADriver default (automatic upgrades on, one node at a
+    /// time, at most 25% unavailable) when there is none.
+    pub fn upgrade_policy(&self) -> UpgradePolicy {
+        self.upgrade_policy
+            .clone()
+            .unwrap_or_else(|| UpgradePolicy {
+                auto_upgrade: true,
+                ..UpgradePolicy::default()
+            })
+    }
+
     /// Field paths present in the document that the driver rendering does
     /// not act on, sorted. Disabled sections (`enabled: false`) are quiet.
     pub fn unsupported_fields(&self) -> Vec<String> {
@@ -512,6 +554,13 @@ impl NvidiaDriverSpec {
         present("nodeAffinity", self.node_affinity.is_some());
         present("podSecurityContext", self.pod_security_context.is_some());
         present("hostNetwork", self.host_network == Some(true));
+        if let Some(u) = &self.upgrade_policy {
+            out.extend(
+                u.unknown_fields()
+                    .into_iter()
+                    .map(|k| format!("spec.upgradePolicy.{k}")),
+            );
+        }
         out.sort();
         out.dedup();
         out
@@ -540,6 +589,7 @@ impl NvidiaDriver {
             version: req.version,
             kernel_module_type: req.kernel_module_type,
             use_precompiled: req.use_precompiled,
+            upgrade_policy: self.spec.upgrade_policy(),
         }
     }
 }

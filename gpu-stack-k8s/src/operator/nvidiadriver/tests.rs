@@ -80,9 +80,10 @@ fn nvidia_document_deserializes_and_round_trips() {
         d.spec.manager.as_ref().unwrap().env[0].name,
         "ENABLE_GPU_POD_EVICTION"
     );
+    let policy = d.spec.upgrade_policy();
     assert_eq!(
-        d.spec.upgrade_policy.as_ref().unwrap()["maxUnavailable"],
-        "25%"
+        policy.max_unavailable,
+        gpu_stack_core::operator::upgrade::IntOrString::String("25%".into())
     );
     let back = serde_json::to_value(&d).unwrap();
     assert_eq!(back["spec"]["futureField"], 1);
@@ -359,4 +360,40 @@ fn crd_is_up_to_date() {
         "{} is out of date; run with GPU_STACK_BLESS=1 and review the diff.\n--- actual ---\n{yaml}",
         path.display()
     );
+}
+
+#[test]
+fn upgrade_policy_defaults_to_automatic_as_in_nvidia() {
+    let none: NvidiaDriverSpec = serde_json::from_value(serde_json::json!({})).unwrap();
+    let p = none.upgrade_policy();
+    assert!(p.auto_upgrade);
+    assert_eq!(p.max_parallel_upgrades, 1);
+    // A policy written without autoUpgrade reads the same as the CRD defaults it.
+    let partial: NvidiaDriverSpec =
+        serde_json::from_value(serde_json::json!({"upgradePolicy": {"maxUnavailable": 2}}))
+            .unwrap();
+    assert!(partial.upgrade_policy().auto_upgrade);
+    let off: NvidiaDriverSpec =
+        serde_json::from_value(serde_json::json!({"upgradePolicy": {"autoUpgrade": false}}))
+            .unwrap();
+    assert!(!off.upgrade_policy().auto_upgrade);
+}
+
+#[test]
+fn a_bad_upgrade_policy_refuses_the_resource_and_names_the_field() {
+    let d: NvidiaDriver = serde_json::from_value(serde_json::json!({
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "NVIDIADriver",
+        "metadata": {"name": "pool"},
+        "spec": {"version": "595.91.07", "upgradePolicy": {"maxUnavailable": "150%", "surprise": 1}},
+    }))
+    .unwrap();
+    let problems = gpu_stack_core::operator::nvidiadriver::validate_spec(&d.driver_cr());
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    let text = problems[0].to_string();
+    assert!(
+        text.starts_with("NVIDIADriver pool: spec.upgradePolicy.maxUnavailable:"),
+        "{text}"
+    );
+    assert_eq!(d.spec.unsupported_fields(), ["spec.upgradePolicy.surprise"]);
 }
