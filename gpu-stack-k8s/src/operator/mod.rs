@@ -29,7 +29,8 @@ use serde::Serialize;
 
 use crate::cluster::{Cluster, ClusterError, Object, ObjectKey};
 use crate::clusterpolicy::ClusterPolicyStatus;
-use crate::desired::{Options, active_policy, carry_condition_times, ignored_status};
+use crate::desired::{Options, active_policy, carry_condition_times, carry_times, ignored_status};
+use crate::operator::nvidiadriver::NvidiaDriverStatus;
 
 /// Errors of a reconcile pass.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +90,8 @@ pub struct PassReport {
     pub status: Option<ClusterPolicyStatus>,
     /// Driver pools and refusals behind the driver DaemonSets.
     pub driver: DriverPlan,
+    /// Status written to each NVIDIADriver, by name.
+    pub nvidia_drivers: BTreeMap<String, NvidiaDriverStatus>,
 }
 
 impl PassReport {
@@ -184,7 +187,12 @@ impl<C: Cluster> Operator<C> {
             .list_owned()
             .await
             .map_err(during("listing owned objects"))?;
-        let want = desired::desired_state(&active, &nodes, &owned, &self.options);
+        let drivers = self
+            .cluster
+            .list_nvidia_drivers()
+            .await
+            .map_err(during("listing NVIDIADrivers"))?;
+        let want = desired::desired_state_with(&active, &nodes, &owned, &drivers, &self.options);
 
         // Labels and objects are written at once: a DaemonSet starts pods on
         // each node as its labels land, instead of after the last of a large
@@ -217,6 +225,27 @@ impl<C: Cluster> Operator<C> {
                 .map_err(during(format!(
                     "updating the status of ClusterPolicy {active_name}"
                 )))?;
+        }
+        for d in &drivers {
+            let Some(new) = want.nvidia_driver_status.get(d.name()) else {
+                continue;
+            };
+            let mut new = new.clone();
+            carry_times(
+                &mut new.conditions,
+                d.status.as_ref().map(|s| s.conditions.as_slice()),
+                &(self.clock)(),
+            );
+            if d.status.as_ref() != Some(&new) {
+                let name = d.name();
+                self.cluster
+                    .update_nvidia_driver_status(name, &new)
+                    .await
+                    .map_err(during(format!(
+                        "updating the status of NVIDIADriver {name}"
+                    )))?;
+            }
+            report.nvidia_drivers.insert(d.name().to_string(), new);
         }
         report.status = Some(status);
         report.unchanged = want.unchanged;

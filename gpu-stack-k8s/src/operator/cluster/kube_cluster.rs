@@ -31,6 +31,7 @@ use serde::de::DeserializeOwned;
 use super::{Cluster, ClusterError, Object, ObjectKey};
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 use crate::controller::watches::Caches;
+use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "gpu-stack-operator";
@@ -372,6 +373,41 @@ impl Cluster for KubeCluster {
         .await
         .map(|_| ())
         .map_err(|e| backend(&format!("update status of ClusterPolicy/{name}"), e))
+    }
+
+    async fn list_nvidia_drivers(&self) -> Result<Vec<NvidiaDriver>, ClusterError> {
+        let store = &self.caches.nvidia_drivers;
+        if futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok()) {
+            return Ok(store.state().iter().map(|d| (**d).clone()).collect());
+        }
+        // The watch has not listed yet (or cannot: no CRD): read once.
+        let api: Api<NvidiaDriver> = Api::all(self.client.clone());
+        match api.list(&kube::api::ListParams::default()).await {
+            Ok(list) => Ok(list.items),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(backend("list NVIDIADrivers", e)),
+        }
+    }
+
+    async fn update_nvidia_driver_status(
+        &self,
+        name: &str,
+        status: &NvidiaDriverStatus,
+    ) -> Result<(), ClusterError> {
+        let api: Api<NvidiaDriver> = Api::all(self.client.clone());
+        let body = serde_json::json!({
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "NVIDIADriver",
+            "status": status,
+        });
+        api.patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| backend(&format!("update status of NVIDIADriver/{name}"), e))
     }
 }
 

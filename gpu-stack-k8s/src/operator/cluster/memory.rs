@@ -25,6 +25,7 @@ use super::object::{Object, ObjectKey};
 use super::selector::{label_selector_matches, pod_fits_node};
 use super::{Cluster, ClusterError, NodeEvent};
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
+use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 
 #[derive(Default)]
 struct State {
@@ -35,6 +36,7 @@ struct State {
     /// listed nodes.
     rolled_out: BTreeMap<ObjectKey, (i64, BTreeSet<String>)>,
     policies: BTreeMap<String, ClusterPolicy>,
+    nvidia_drivers: BTreeMap<String, NvidiaDriver>,
     watchers: Vec<mpsc::UnboundedSender<NodeEvent>>,
     writes: u64,
 }
@@ -188,6 +190,45 @@ impl InMemoryCluster {
         }
         st.writes += 1;
         st.policies.insert(name, policy);
+    }
+
+    /// Creates or replaces an NVIDIADriver (spec and metadata; the stored
+    /// status is kept when the new one has none).
+    pub fn upsert_nvidia_driver(&self, mut driver: NvidiaDriver) {
+        let mut st = self.lock();
+        let name = driver.name().to_string();
+        let old = st.nvidia_drivers.get(&name).cloned();
+        let generation = match &old {
+            Some(o) if o.spec == driver.spec => o.metadata.generation.unwrap_or(1),
+            Some(o) => o.metadata.generation.unwrap_or(1) + 1,
+            None => 1,
+        };
+        driver.metadata.generation = Some(generation);
+        if driver.metadata.uid.is_none() {
+            driver.metadata.uid = Some(format!("uid-nvidiadriver-{name}"));
+        }
+        if driver.status.is_none() {
+            driver.status = old.and_then(|o| o.status);
+        }
+        driver.metadata.resource_version = Some(st.next_rv());
+        st.writes += 1;
+        st.nvidia_drivers.insert(name, driver);
+    }
+
+    /// Deletes an NVIDIADriver; returns whether it existed.
+    pub fn remove_nvidia_driver(&self, name: &str) -> bool {
+        let mut st = self.lock();
+        let found = st.nvidia_drivers.remove(name).is_some();
+        if found {
+            st.next_rv();
+            st.writes += 1;
+        }
+        found
+    }
+
+    /// An NVIDIADriver as stored.
+    pub fn nvidia_driver(&self, name: &str) -> Option<NvidiaDriver> {
+        self.lock().nvidia_drivers.get(name).cloned()
     }
 
     /// A ClusterPolicy by name.
@@ -422,6 +463,31 @@ impl Cluster for InMemoryCluster {
         }
         p.status = Some(status.clone());
         p.metadata.resource_version = Some(rv);
+        st.writes += 1;
+        Ok(())
+    }
+
+    async fn list_nvidia_drivers(&self) -> Result<Vec<NvidiaDriver>, ClusterError> {
+        Ok(self.lock().nvidia_drivers.values().cloned().collect())
+    }
+
+    async fn update_nvidia_driver_status(
+        &self,
+        name: &str,
+        status: &NvidiaDriverStatus,
+    ) -> Result<(), ClusterError> {
+        let mut st = self.lock();
+        let rv = st.next_rv();
+        let Some(d) = st.nvidia_drivers.get_mut(name) else {
+            return Err(ClusterError::NotFound {
+                what: format!("NVIDIADriver/{name}"),
+            });
+        };
+        if d.status.as_ref() == Some(status) {
+            return Ok(());
+        }
+        d.status = Some(status.clone());
+        d.metadata.resource_version = Some(rv);
         st.writes += 1;
         Ok(())
     }

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 use crate::desired::NodeMeta;
+use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 
 pub mod fleet;
 pub mod kube_cluster;
@@ -106,5 +107,17 @@ pub trait Cluster: Send + Sync {
         &self,
         name: &str,
         status: &ClusterPolicyStatus,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+
+    /// All NVIDIADrivers; none where their CRD is not installed.
+    fn list_nvidia_drivers(
+        &self,
+    ) -> impl Future<Output = Result<Vec<NvidiaDriver>, ClusterError>> + Send;
+
+    /// Replaces an NVIDIADriver's status (the status subresource).
+    fn update_nvidia_driver_status(
+        &self,
+        name: &str,
+        status: &NvidiaDriverStatus,
     ) -> impl Future<Output = Result<(), ClusterError>> + Send;
 }

@@ -257,7 +257,9 @@ pub struct DriverSpec {
     /// Deprecated no-op kept for old documents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub use_open_kernel_modules: Option<bool>,
-    /// Delegate drivers to NVIDIADriver resources (not supported).
+    /// Delegate drivers to NVIDIADriver resources: each renders the driver
+    /// DaemonSets of the nodes it owns, and this section's image, env and
+    /// upgrade settings are not used.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -697,6 +699,18 @@ impl ClusterPolicySpec {
         }
     }
 
+    /// Whether drivers are deployed per NVIDIADriver resource
+    /// (`driver.useNvidiaDriverCRD: true` with the driver enabled); the
+    /// ClusterPolicy's own driver DaemonSets are then not rendered.
+    pub fn uses_nvidia_driver_crd(&self) -> bool {
+        on(self.component(Component::Driver), true)
+            && self
+                .driver
+                .as_ref()
+                .and_then(|d| d.use_nvidia_driver_crd)
+                .unwrap_or(false)
+    }
+
     /// The built-in default `(repository, image, version)` of a component.
     pub fn default_image(c: Component) -> (&'static str, &'static str, &'static str) {
         match c {
@@ -962,9 +976,6 @@ impl ClusterPolicySpec {
         }
         if self.dcgm.as_ref().and_then(|d| d.enabled) == Some(true) {
             out.push("spec.dcgm.enabled".into());
-        }
-        if self.driver.as_ref().and_then(|d| d.use_nvidia_driver_crd) == Some(true) {
-            out.push("spec.driver.useNvidiaDriverCRD".into());
         }
         if self.cdi.as_ref().and_then(|c| c.nri_plugin_enabled) == Some(true) {
             out.push("spec.cdi.nriPluginEnabled".into());

@@ -211,15 +211,18 @@ fn validation_names_field_and_fix() {
 }
 
 #[test]
-fn driver_delegated_to_nvidiadriver_is_disabled_and_reported() {
+fn driver_delegated_to_nvidiadriver_leaves_the_policy_driver_out() {
     let spec: ClusterPolicySpec =
         serde_json::from_value(serde_json::json!({"driver": {"useNvidiaDriverCRD": true}}))
             .unwrap();
     assert!(!spec.enablement().driver);
-    assert!(
-        spec.unsupported_fields()
-            .contains(&"spec.driver.useNvidiaDriverCRD".to_string())
-    );
+    assert!(spec.uses_nvidia_driver_crd());
+    assert!(spec.unsupported_fields().is_empty());
+    let off: ClusterPolicySpec = serde_json::from_value(
+        serde_json::json!({"driver": {"enabled": false, "useNvidiaDriverCRD": true}}),
+    )
+    .unwrap();
+    assert!(!off.uses_nvidia_driver_crd());
 }
 
 #[test]

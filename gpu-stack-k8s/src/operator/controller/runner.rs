@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::client::counting_client;
 use super::events::EventPublisher;
 use super::ops::{self, Readiness};
-use super::watches::{Caches, OwnedStores, node_watch};
+use super::watches::{Caches, OwnedStores, node_watch, nvidia_driver_watch};
 use super::{ControllerError, ControllerSettings, Pass, run_controller};
 use crate::leader::{LeaderConfig, LeaderError, Leadership};
 use crate::operator_metrics::OperatorMetrics;
@@ -166,7 +166,12 @@ where
 
     let (nodes, node_changes) = node_watch(client.clone());
     let (owned, owned_changes) = OwnedStores::start(&client, &options.namespace);
-    let triggers = futures::stream::select(node_changes.map(|_| ()), owned_changes);
+    let (nvidia_drivers, driver_changes) = nvidia_driver_watch(&client);
+    let triggers = futures::stream::select_all([
+        node_changes.map(|_| ()).boxed(),
+        owned_changes,
+        driver_changes,
+    ]);
     let events = EventPublisher::new(client.clone(), options.identity.clone());
     let settings = ControllerSettings {
         debounce: options.debounce,
@@ -196,6 +201,7 @@ where
                 nodes,
                 policies,
                 owned,
+                nvidia_drivers,
             };
             make_pass(pass_client, caches, &options.namespace)
         },

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use crate::cluster::Object;
 use crate::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::clusterpolicy::ClusterPolicy;
+use crate::operator::nvidiadriver::NvidiaDriver;
 
 /// Nodes as the operator keeps them: name, uid, resource version, labels
 /// and taints (no other spec field, no status, annotations or managed
@@ -211,6 +212,18 @@ pub struct Caches {
     pub policies: Store<ClusterPolicy>,
     /// Objects the operator owns.
     pub owned: OwnedStores,
+    /// NVIDIADrivers. Not waited for: without their CRD the watch never
+    /// completes, and a pass then reads them directly
+    /// ([`crate::cluster::kube_cluster::KubeCluster`]).
+    pub nvidia_drivers: Store<NvidiaDriver>,
+}
+
+/// Starts the NVIDIADriver watch; the stream yields once per change and
+/// must be polled to keep the store fed.
+pub fn nvidia_driver_watch(client: &Client) -> (Store<NvidiaDriver>, BoxStream<'static, ()>) {
+    let mut t = Vec::new();
+    let store = watch(Api::all(client.clone()), watcher::Config::default(), &mut t);
+    (store, futures::stream::select_all(t).boxed())
 }
 
 impl Caches {

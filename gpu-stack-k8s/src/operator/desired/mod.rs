@@ -11,11 +11,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_stack_core::catalog;
 use gpu_stack_core::operator::components::Component;
-use gpu_stack_core::operator::driver::{DriverNode, DriverPlan, GpuIdentity, plan_driver};
+use gpu_stack_core::operator::driver::{
+    DriverNode, DriverPlan, DriverRequest, GpuIdentity, plan_driver,
+};
 use gpu_stack_core::operator::labels::{
     GPU_PRODUCT, LabelPatch, LabelPolicy, Labels, NFD_KERNEL, NFD_OS_ID, NFD_OS_VERSION,
     NFD_OS_VERSION_MAJOR, NodeFacts, apply_patch, deploy_label_patch,
 };
+use gpu_stack_core::operator::nvidiadriver::{DriverCr, DriversPlan, plan_drivers};
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
@@ -25,6 +28,9 @@ use crate::cluster::selector::{pod_selects_node, pod_tolerates_taints};
 use crate::clusterpolicy::{
     ClusterPolicy, ClusterPolicyStatus, Condition, DEFAULT_NAMESPACE, RefusedNode, state,
 };
+use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
+
+mod nvidiadrivers;
 
 pub mod render;
 
@@ -81,8 +87,14 @@ pub struct Desired {
     pub node_labels: BTreeMap<String, LabelPatch>,
     /// Status of the policy (condition times are left to the caller).
     pub status: ClusterPolicyStatus,
-    /// The driver plan behind the driver DaemonSets.
+    /// The driver plan behind the driver DaemonSets (with NVIDIADrivers,
+    /// every resource's pools and refusals together).
     pub driver: DriverPlan,
+    /// With NVIDIADrivers: the routing and each resource's rollout.
+    pub nvidia_drivers: Option<DriversPlan>,
+    /// Status of each NVIDIADriver not being deleted, by name (condition
+    /// times are left to the caller).
+    pub nvidia_driver_status: BTreeMap<String, NvidiaDriverStatus>,
     /// Number of desired objects left untouched because their hash matched.
     pub unchanged: usize,
 }
@@ -308,11 +320,26 @@ fn summarize(names: &[String], max: usize) -> String {
     }
 }
 
-/// Computes the desired state. Pure: the same inputs always give the same answer.
+/// Computes the desired state of a cluster without NVIDIADriver resources.
+/// Pure: the same inputs always give the same answer.
 pub fn desired_state(
     policy: &ClusterPolicy,
     nodes: &[impl NodeMeta],
     current: &[Object],
+    opts: &Options,
+) -> Desired {
+    desired_state_with(policy, nodes, current, &[], opts)
+}
+
+/// Computes the desired state, with the cluster's NVIDIADriver resources:
+/// when the policy sets `driver.useNvidiaDriverCRD`, GPU nodes are routed
+/// to them (the owner label) and each accepted resource renders the driver
+/// DaemonSets of its nodes; each gets a status either way. Pure.
+pub fn desired_state_with(
+    policy: &ClusterPolicy,
+    nodes: &[impl NodeMeta],
+    current: &[Object],
+    drivers: &[NvidiaDriver],
     opts: &Options,
 ) -> Desired {
     let spec = &policy.spec;
@@ -350,6 +377,8 @@ pub fn desired_state(
             node_labels: BTreeMap::new(),
             status,
             driver: DriverPlan::default(),
+            nvidia_drivers: None,
+            nvidia_driver_status: BTreeMap::new(),
             unchanged: current.len(),
         };
     }
@@ -385,34 +414,77 @@ pub fn desired_state(
 
     // Driver plan over GPU nodes that run operands.
     let enablement = spec.enablement();
-    let driver = if enablement.driver {
-        let dnodes: Vec<DriverNode> = gpu_nodes
+    let crd_mode = spec.uses_nvidia_driver_crd();
+    let driver_nodes = |all_labels: bool| -> Vec<DriverNode> {
+        gpu_nodes
             .iter()
             .filter(|i| !facts[**i].operands_disabled)
             .map(|i| DriverNode {
                 name: effective[*i].0.clone(),
-                // Only the labels the driver planner reads.
+                // Only the labels the driver planner reads; NVIDIADriver
+                // selectors may read any.
                 labels: effective[*i]
                     .1
                     .iter()
-                    .filter(|(k, _)| DRIVER_LABELS.contains(&k.as_str()))
+                    .filter(|(k, _)| all_labels || DRIVER_LABELS.contains(&k.as_str()))
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
                 gpus: gpus_on_node(&effective[*i].1),
             })
-            .collect();
+            .collect()
+    };
+    let mut driver = if enablement.driver {
         // validate() already checked the request, so this cannot fail here.
-        plan_driver(&spec.driver_request(), &dnodes).unwrap_or_default()
+        plan_driver(&spec.driver_request(), &driver_nodes(false)).unwrap_or_default()
     } else {
         DriverPlan::default()
     };
-
+    let live: Vec<&NvidiaDriver> = drivers.iter().filter(|d| !d.is_deleting()).collect();
+    let drivers_plan = crd_mode.then(|| {
+        let input: Vec<(DriverCr, DriverRequest)> = live
+            .iter()
+            .map(|d| (d.driver_cr(), d.spec.driver_request()))
+            .collect();
+        plan_drivers(&driver_nodes(true), &input)
+    });
+    if let Some(plan) = &drivers_plan {
+        // Owner labels, on the nodes as they will look too.
+        for (name, patch) in &plan.routing.labels {
+            node_labels
+                .entry(name.clone())
+                .or_insert_with(LabelPatch::new)
+                .extend(patch.clone());
+            if let Some((_, labels)) = effective.iter_mut().find(|(n, _)| n == name) {
+                apply_patch(labels.to_mut(), patch);
+            }
+        }
+        nvidiadrivers::merge_refusals(plan, &mut driver);
+    }
     // Objects.
     let ctx = RenderContext {
         policy,
         namespace: &opts.namespace,
     };
     let mut objects = vec![render::namespace(&ctx), render::runtime_class(&ctx)];
+    // Objects of refused NVIDIADrivers, kept as they are.
+    let mut kept: Vec<&Object> = Vec::new();
+    if let Some(plan) = &drivers_plan {
+        objects.push(render::service_account(&ctx, Component::Driver));
+        objects.extend(render::rbac(&ctx, Component::Driver));
+        for (d, rollout) in live.iter().zip(&plan.drivers) {
+            if rollout.accepted() {
+                for pool in &rollout.plan.pools {
+                    objects.push(render::nvidia_driver_daemonset(&ctx, d, pool));
+                }
+            } else {
+                kept.extend(
+                    current
+                        .iter()
+                        .filter(|o| nvidiadrivers::belongs_to(o, d.name())),
+                );
+            }
+        }
+    }
     for c in enablement.enabled() {
         objects.push(render::service_account(&ctx, c));
         objects.extend(render::rbac(&ctx, c));
@@ -459,6 +531,12 @@ pub fn desired_state(
                 }
                 apply.push(obj.clone());
             }
+        }
+    }
+    for cur in &kept {
+        desired_keys.insert(cur.key());
+        if !daemonset_ready(cur, || selected_nodes(cur, &effective, &taints)) {
+            not_ready.push(cur.key().name.clone());
         }
     }
     let delete: Vec<ObjectKey> = current
@@ -515,11 +593,15 @@ pub fn desired_state(
             .collect();
         Some((
             reason::DRIVER_INCOMPATIBLE,
-            format!(
-                "driver {} is not deployed to: {}",
-                spec.driver_request().version,
-                summarize(&names, 5)
-            ),
+            if crd_mode {
+                format!("no driver is deployed to: {}", summarize(&names, 5))
+            } else {
+                format!(
+                    "driver {} is not deployed to: {}",
+                    spec.driver_request().version,
+                    summarize(&names, 5)
+                )
+            },
         ))
     } else if !driver.unpooled.is_empty() {
         let names: Vec<String> = driver
@@ -563,6 +645,14 @@ pub fn desired_state(
         ],
     };
 
+    let nvidia_driver_status = nvidiadrivers::statuses(
+        policy,
+        &live,
+        drivers_plan.as_ref(),
+        &not_ready,
+        &opts.namespace,
+    );
+    objects.extend(kept.into_iter().cloned());
     Desired {
         objects,
         apply,
@@ -570,6 +660,8 @@ pub fn desired_state(
         node_labels,
         status,
         driver,
+        nvidia_drivers: drivers_plan,
+        nvidia_driver_status,
         unchanged,
     }
 }
@@ -589,8 +681,17 @@ pub fn carry_condition_times(
     old: Option<&ClusterPolicyStatus>,
     now: &str,
 ) {
-    for c in &mut new.conditions {
-        let prev = old.and_then(|o| o.conditions.iter().find(|p| p.type_ == c.type_));
+    carry_times(
+        &mut new.conditions,
+        old.map(|o| o.conditions.as_slice()),
+        now,
+    );
+}
+
+/// [`carry_condition_times`] over any list of conditions.
+pub fn carry_times(new: &mut [Condition], old: Option<&[Condition]>, now: &str) {
+    for c in new.iter_mut() {
+        let prev = old.and_then(|o| o.iter().find(|p| p.type_ == c.type_));
         c.last_transition_time = match prev {
             Some(p) if p.status == c.status => p.last_transition_time.clone(),
             _ => Some(now.to_string()),

@@ -22,7 +22,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL, Object};
-use crate::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
+use crate::clusterpolicy::{ClusterPolicy, ClusterPolicySpec, ComponentSpec, DriverSpec};
+use crate::operator::nvidiadriver::NvidiaDriver;
+use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
 
 /// The default mig-parted configuration shipped as the
 /// `default-mig-parted-config` ConfigMap.
@@ -1033,4 +1035,97 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
         }),
         status: None,
     })
+}
+
+/// Label naming the NVIDIADriver a driver DaemonSet and its pods belong to.
+pub const NVIDIA_DRIVER_LABEL: &str = "nvidia.com/gpu-stack.nvidiadriver";
+
+/// The label NVIDIA's NVIDIADriver DaemonSets and pods carry, which its
+/// tooling selects driver pods by.
+pub const APP_COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+
+/// The policy an NVIDIADriver's DaemonSets are rendered from: the
+/// ClusterPolicy with its driver section replaced by the resource's (pull
+/// settings, resources, args, env, module type) and the resource's labels,
+/// annotations, tolerations and priority class over `daemonsets`.
+fn policy_for_driver(policy: &ClusterPolicy, driver: &NvidiaDriver) -> ClusterPolicy {
+    let s = &driver.spec;
+    let mut p = policy.clone();
+    p.spec.driver = Some(DriverSpec {
+        common: ComponentSpec {
+            enabled: Some(true),
+            image_pull_policy: s.image_pull_policy.clone(),
+            image_pull_secrets: s.image_pull_secrets.clone(),
+            resources: s.resources.clone(),
+            args: s.args.clone(),
+            env: s.env.clone(),
+            ..ComponentSpec::default()
+        },
+        use_precompiled: s.use_precompiled,
+        kernel_module_type: Some(s.kernel_module_type.as_str().to_string()),
+        ..DriverSpec::default()
+    });
+    let ds = p.spec.daemonsets.get_or_insert_with(Default::default);
+    for (k, v) in &s.labels {
+        ds.labels.insert(k.clone(), v.clone());
+    }
+    for (k, v) in &s.annotations {
+        ds.annotations.insert(k.clone(), v.clone());
+    }
+    if !s.tolerations.is_empty() {
+        ds.tolerations = Some(s.tolerations.clone());
+    }
+    if let Some(pc) = &s.priority_class_name {
+        ds.priority_class_name = Some(pc.clone());
+    }
+    p
+}
+
+/// One driver DaemonSet of an NVIDIADriver for one of its pools: the driver
+/// DaemonSet the ClusterPolicy would render, from the resource's settings,
+/// limited to the nodes routed to the resource (its owner label) and
+/// labelled with the resource's name.
+pub fn nvidia_driver_daemonset(
+    ctx: &RenderContext,
+    driver: &NvidiaDriver,
+    pool: &DriverPool,
+) -> Object {
+    let policy = policy_for_driver(ctx.policy, driver);
+    let own = RenderContext {
+        policy: &policy,
+        namespace: ctx.namespace,
+    };
+    let mut obj = daemonset(&own, Component::Driver, Some(pool));
+    if let Object::DaemonSet(ds) = &mut obj {
+        let name = driver.name().to_string();
+        let marks = [
+            (NVIDIA_DRIVER_LABEL, name.as_str()),
+            (APP_COMPONENT_LABEL, "nvidia-driver"),
+        ];
+        let labels = ds.metadata.labels.get_or_insert_with(BTreeMap::new);
+        for (k, v) in marks {
+            labels.insert(k.into(), v.into());
+        }
+        if let Some(spec) = ds.spec.as_mut() {
+            if let Some(l) = spec
+                .template
+                .metadata
+                .as_mut()
+                .and_then(|m| m.labels.as_mut())
+            {
+                for (k, v) in marks {
+                    l.insert(k.into(), v.into());
+                }
+            }
+            if let Some(sel) = spec
+                .template
+                .spec
+                .as_mut()
+                .and_then(|p| p.node_selector.as_mut())
+            {
+                sel.insert(OWNER_LABEL.into(), name);
+            }
+        }
+    }
+    obj
 }
