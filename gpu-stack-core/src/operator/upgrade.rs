@@ -1421,6 +1421,57 @@ fn track_state_time(
     }
 }
 
+/// Nodes that follow one upgrade policy: with NVIDIADrivers, the nodes one
+/// resource owns and its `upgradePolicy` (NVIDIA's per-CR upgrade state).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpgradeGroup {
+    /// The policy.
+    pub policy: UpgradePolicy,
+    /// Its nodes.
+    pub nodes: Vec<NodeObservation>,
+}
+
+/// [`plan_pass`] over several groups, each with its own policy and its own
+/// budget (`maxUnavailable` counts the group's nodes, as NVIDIA counts a
+/// resource's): one plan, decisions sorted by node, counts added up.
+pub fn plan_groups(
+    groups: &[UpgradeGroup],
+    now: u64,
+    opts: &PassOptions,
+) -> Result<UpgradePlan, UpgradePolicyError> {
+    let mut out = UpgradePlan::default();
+    for g in groups {
+        let plan = plan_pass(&g.nodes, &g.policy, now, opts)?;
+        out.decisions.extend(plan.decisions);
+        let (a, b) = (&mut out.counts, plan.counts);
+        a.total += b.total;
+        a.in_progress += b.in_progress;
+        a.done += b.done;
+        a.failed += b.failed;
+        a.pending += b.pending;
+        a.unavailable += b.unavailable;
+        a.max_unavailable += b.max_unavailable;
+        a.available += b.available;
+    }
+    out.decisions.sort_by(|a, b| a.node.cmp(&b.node));
+    Ok(out)
+}
+
+/// [`stuck_nodes`] over several groups, sorted by node.
+pub fn stuck_in_groups(
+    groups: &[UpgradeGroup],
+    now: u64,
+    limit_seconds: u64,
+    opts: &PassOptions,
+) -> Result<Vec<StuckNode>, UpgradePolicyError> {
+    let mut out = Vec::new();
+    for g in groups {
+        out.extend(stuck_nodes(&g.nodes, &g.policy, now, limit_seconds, opts)?);
+    }
+    out.sort_by(|a, b| a.node.cmp(&b.node));
+    Ok(out)
+}
+
 /// A node that has waited in one state longer than the limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StuckNode {

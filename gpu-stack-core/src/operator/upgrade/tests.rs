@@ -427,6 +427,66 @@ fn slots_follow_max_parallel_and_max_unavailable() {
 }
 
 #[test]
+fn groups_are_planned_with_their_own_policy_and_budget() {
+    let pending = |prefix: &str, n: usize| -> Vec<NodeObservation> {
+        (0..n)
+            .map(|i| {
+                node(
+                    &format!("{prefix}{i}"),
+                    UpgradeState::UpgradeRequired,
+                    false,
+                )
+            })
+            .collect()
+    };
+    let wide = UpgradePolicy {
+        max_parallel_upgrades: 0,
+        max_unavailable: IntOrString::String("50%".into()),
+        ..on()
+    };
+    let groups = [
+        UpgradeGroup {
+            policy: wide.clone(),
+            nodes: pending("a", 4),
+        },
+        UpgradeGroup {
+            policy: UpgradePolicy {
+                auto_upgrade: false,
+                ..wide
+            },
+            nodes: pending("b", 4),
+        },
+        UpgradeGroup {
+            policy: on(),
+            nodes: pending("c", 4),
+        },
+    ];
+    let opts = PassOptions::default();
+    let plan = plan_groups(&groups, 0, &opts).unwrap();
+    let started = |prefix: &str| {
+        plan.decisions
+            .iter()
+            .filter(|d| d.node.starts_with(prefix) && d.next == UpgradeState::CordonRequired)
+            .count()
+    };
+    // 50% of a's 4 nodes; none of b's (off); one of c's (one at a time).
+    assert_eq!((started("a"), started("b"), started("c")), (2, 0, 1));
+    assert!(
+        plan.decisions
+            .iter()
+            .filter(|d| d.node.starts_with('b'))
+            .all(|d| d.next == UpgradeState::Unknown)
+    );
+    assert!(plan.decisions.windows(2).all(|w| w[0].node < w[1].node));
+    // One group is exactly plan_pass.
+    let one = plan_groups(&groups[..1], 0, &opts).unwrap();
+    assert_eq!(
+        one,
+        plan_pass(&groups[0].nodes, &groups[0].policy, 0, &opts).unwrap()
+    );
+}
+
+#[test]
 fn wait_for_completion_times_out_into_pod_deletion() {
     let p = UpgradePolicy {
         wait_for_completion: WaitForCompletionPolicy {

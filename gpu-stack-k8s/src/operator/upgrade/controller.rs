@@ -1,14 +1,15 @@
 //! The upgrade loop of the operator process: one pass when the ClusterPolicy
 //! or a driver DaemonSet changes, soon again while nodes are mid-upgrade,
 //! and every two minutes regardless (NVIDIA's planned requeue).
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{StreamExt, stream};
+use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
 use gpu_stack_core::operator::upgrade::{
-    PassOptions, STATE_LABEL, STATE_START_TIME_ANNOTATION, UpgradePlan, UpgradeState,
-    VALIDATOR_POD_SELECTOR, plan_pass, stuck_nodes,
+    NodeObservation, PassOptions, STATE_LABEL, STATE_START_TIME_ANNOTATION, UpgradeGroup,
+    UpgradePlan, UpgradePolicy, UpgradeState, VALIDATOR_POD_SELECTOR, plan_groups, stuck_in_groups,
 };
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
@@ -25,6 +26,7 @@ use super::{DRIVER_SELECTOR, FIELD_MANAGER, UpgradeError, upgrade_status};
 use crate::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
 use crate::controller::events::{Announced, Decision, EventPublisher, Severity};
 use crate::desired::active_policy;
+use crate::operator::nvidiadriver::NvidiaDriver;
 use crate::operator_metrics::OperatorMetrics;
 
 /// NVIDIA's planned requeue: a pass at least this often.
@@ -179,11 +181,12 @@ impl UpgradeController {
         if policy.metadata.deletion_timestamp.is_some() {
             return Ok(summary);
         }
-        let upgrade = policy.spec.upgrade_policy().cloned().unwrap_or_default();
+        let policies = self.policies(&policy, &mut summary).await?;
+        let auto_upgrade = policies.values().flatten().any(|p| p.auto_upgrade);
         self.metrics
             .driver_auto_upgrade_enabled
-            .set(i64::from(upgrade.auto_upgrade));
-        if !upgrade.auto_upgrade {
+            .set(i64::from(auto_upgrade));
+        if !auto_upgrade {
             self.clear_labels(&mut summary).await?;
             self.write_status(&policy, None).await?;
             return Ok(summary);
@@ -226,56 +229,94 @@ impl UpgradeController {
         let nodes = self
             .list_nodes(ListParams::default(), &mut summary.reads)
             .await?;
-        let mut observed = observe_nodes(&nodes, &revisions, &driver_pods, &validators);
+        let observed = observe_nodes(&nodes, &revisions, &driver_pods, &validators);
         for (node, why) in &observed.skipped {
             tracing::warn!(%node, %why, "node left out of the upgrade pass");
         }
-        let selectors = PodSelectors::new(&upgrade)?;
+        let owners: BTreeMap<String, String> = nodes
+            .iter()
+            .filter_map(|n| Some((n.name_any(), n.labels().get(OWNER_LABEL)?.clone())))
+            .collect();
+        let mut groups = group_nodes(observed.nodes, &owners, &policies);
         let all_pods: Api<Pod> = Api::all(self.client.clone());
         let mut terminating = BTreeSet::new();
         let empty = BTreeSet::new();
-        for n in observed
-            .nodes
-            .iter_mut()
-            .filter(|n| needs_node_pods(n.marks.state))
-        {
-            let params = ListParams::default().fields(&format!(
-                "spec.nodeName={},status.phase!=Succeeded,status.phase!=Failed",
-                n.name
-            ));
-            let pods = self.list(&all_pods, &params, "pods of a node").await?;
-            summary.reads += 1;
-            let sorted = sort_node_pods(
-                &pods,
-                &selectors,
-                observed.driver_pods.get(&n.name).unwrap_or(&empty),
-            );
-            n.gpu_pods = sorted.gpu;
-            n.wait_pods = sorted.wait;
-            n.drain_pods = sorted.drain;
-            terminating.extend(sorted.terminating);
+        for g in &mut groups {
+            let selectors = PodSelectors::new(&g.policy)?;
+            for n in g
+                .nodes
+                .iter_mut()
+                .filter(|n| needs_node_pods(n.marks.state))
+            {
+                let params = ListParams::default().fields(&format!(
+                    "spec.nodeName={},status.phase!=Succeeded,status.phase!=Failed",
+                    n.name
+                ));
+                let pods = self.list(&all_pods, &params, "pods of a node").await?;
+                summary.reads += 1;
+                let sorted = sort_node_pods(
+                    &pods,
+                    &selectors,
+                    observed.driver_pods.get(&n.name).unwrap_or(&empty),
+                );
+                n.gpu_pods = sorted.gpu;
+                n.wait_pods = sorted.wait;
+                n.drain_pods = sorted.drain;
+                terminating.extend(sorted.terminating);
+            }
         }
         let now = unix_now();
         let opts = PassOptions::default();
-        let plan = plan_pass(&observed.nodes, &upgrade, now, &opts)?;
-        let stuck = stuck_nodes(
-            &observed.nodes,
-            &upgrade,
-            now,
-            self.settings.stuck_after.as_secs(),
-            &opts,
-        )?;
-        summary.nodes = observed.nodes.len();
+        let plan = plan_groups(&groups, now, &opts)?;
+        let stuck = stuck_in_groups(&groups, now, self.settings.stuck_after.as_secs(), &opts)?;
+        summary.nodes = groups.iter().map(|g| g.nodes.len()).sum();
         summary.busy = plan
             .decisions
             .iter()
             .any(|d| !matches!(d.next, UpgradeState::Unknown | UpgradeState::Done));
         self.record_counts(&plan);
         self.apply(&plan, &terminating, &mut summary).await;
-        let status = upgrade_status(&upgrade, &plan, &stuck, now);
+        let status = upgrade_status(auto_upgrade, &plan, &stuck, now);
         self.write_status(&policy, Some(status)).await?;
         self.publish_stuck(&stuck).await;
         Ok(summary)
+    }
+
+    /// The upgrade policy of each group of nodes: the ClusterPolicy's for
+    /// every node (key `None`), or with NVIDIADrivers each resource's for
+    /// the nodes it owns (key: its name), as NVIDIA upgrades per resource.
+    /// A resource whose policy is refused maps to `None`: its nodes are left
+    /// as they are (its status says why).
+    async fn policies(
+        &self,
+        policy: &ClusterPolicy,
+        summary: &mut PassSummary,
+    ) -> Result<Policies, UpgradeError> {
+        if !policy.spec.uses_nvidia_driver_crd() {
+            let p = policy.spec.upgrade_policy().cloned().unwrap_or_default();
+            return Ok(BTreeMap::from([(None, Some(p))]));
+        }
+        let api: Api<NvidiaDriver> = Api::all(self.client.clone());
+        summary.reads += 1;
+        let drivers = match api.list(&ListParams::default()).await {
+            Ok(l) => l.items,
+            Err(e) if is_status(&e, 404) => Vec::new(),
+            Err(source) => {
+                return Err(UpgradeError::Api {
+                    during: "listing NVIDIADrivers".into(),
+                    source,
+                });
+            }
+        };
+        Ok(drivers
+            .iter()
+            .filter(|d| !d.is_deleting())
+            .map(|d| {
+                let p = d.spec.upgrade_policy();
+                let usable = !p.auto_upgrade || p.validate().is_empty();
+                (Some(d.name().to_string()), usable.then_some(p))
+            })
+            .collect())
     }
 
     fn record_counts(&self, plan: &UpgradePlan) {
@@ -470,6 +511,53 @@ impl UpgradeController {
             self.events.publish(&regarding, &decision).await;
         }
     }
+}
+
+/// Upgrade policies by group: `None` for the ClusterPolicy's, else an
+/// NVIDIADriver's name; a `None` value leaves the group's nodes alone.
+pub type Policies = BTreeMap<Option<String>, Option<UpgradePolicy>>;
+
+/// Splits the observed nodes into one group per policy: every node under
+/// the ClusterPolicy's (key `None`), or each node under the policy of the
+/// NVIDIADriver its owner label names. A node whose owner has no entry (no
+/// label, a deleted resource) gets automatic upgrades off, which removes its
+/// state label; one whose owner's policy is refused is left out.
+pub fn group_nodes(
+    nodes: Vec<NodeObservation>,
+    owners: &BTreeMap<String, String>,
+    policies: &Policies,
+) -> Vec<UpgradeGroup> {
+    let shared = policies.contains_key(&None);
+    let mut by_key: BTreeMap<Option<String>, Vec<NodeObservation>> = BTreeMap::new();
+    let mut orphans = Vec::new();
+    for n in nodes {
+        let key = if shared {
+            None
+        } else {
+            match owners.get(&n.name).map(|o| Some(o.clone())) {
+                Some(k) if policies.contains_key(&k) => k,
+                _ => {
+                    orphans.push(n);
+                    continue;
+                }
+            }
+        };
+        by_key.entry(key).or_default().push(n);
+    }
+    let mut out: Vec<UpgradeGroup> = by_key
+        .into_iter()
+        .filter_map(|(key, nodes)| {
+            let policy = policies.get(&key).cloned().flatten()?;
+            Some(UpgradeGroup { policy, nodes })
+        })
+        .collect();
+    if !orphans.is_empty() {
+        out.push(UpgradeGroup {
+            policy: UpgradePolicy::default(),
+            nodes: orphans,
+        });
+    }
+    out
 }
 
 #[derive(Debug, Default)]

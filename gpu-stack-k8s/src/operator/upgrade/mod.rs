@@ -23,16 +23,15 @@
 //! is tried again on the next pass.
 //!
 //! With `autoUpgrade` off, or no ClusterPolicy, the state label is removed
-//! from every node that has it, as NVIDIA does. The per-CR flow of the
-//! NVIDIADriver API is not implemented: the ClusterPolicy's policy applies to
-//! every driver DaemonSet.
+//! from every node that has it, as NVIDIA does. With NVIDIADrivers
+//! (`driver.useNvidiaDriverCRD`), each resource's nodes (its owner label)
+//! follow that resource's `upgradePolicy` with a budget of their own, as
+//! NVIDIA's per-CR upgrade state does; one more list reads the resources.
 pub mod apply;
 pub mod controller;
 pub mod observe;
 
-use gpu_stack_core::operator::upgrade::{
-    StuckNode, UpgradePlan, UpgradePolicy, UpgradePolicyError, UpgradeState,
-};
+use gpu_stack_core::operator::upgrade::{StuckNode, UpgradePlan, UpgradePolicyError, UpgradeState};
 
 use crate::clusterpolicy::{Condition, DriverUpgradeStatus, StuckUpgradeNode};
 use observe::ObserveError;
@@ -68,7 +67,7 @@ pub enum UpgradeError {
 
 /// The `status.driverUpgrade` a pass reports: counts of the states it wrote.
 pub fn upgrade_status(
-    policy: &UpgradePolicy,
+    auto_upgrade: bool,
     plan: &UpgradePlan,
     stuck: &[StuckNode],
     now: u64,
@@ -119,7 +118,7 @@ pub fn upgrade_status(
         last_transition_time: None,
     }];
     DriverUpgradeStatus {
-        auto_upgrade: policy.auto_upgrade,
+        auto_upgrade,
         total,
         upgraded,
         in_progress,

@@ -305,11 +305,52 @@ fn a_version_bump_over_observed_nodes_starts_within_the_budget_and_reports_progr
         .filter(|d| d.next == UpgradeState::CordonRequired)
         .count();
     assert_eq!(started, 2);
-    let st = upgrade_status(&policy, &plan, &[], 1000);
+    let st = upgrade_status(policy.auto_upgrade, &plan, &[], 1000);
     assert_eq!(st.total, 10);
     assert_eq!(
         st.message,
         "0 of 10 nodes upgraded; 2 in progress, 8 pending, 0 failed"
     );
     assert_eq!(st.conditions[0].status, "False");
+}
+
+#[test]
+fn nodes_are_grouped_by_the_nvidiadriver_that_owns_them() {
+    use super::controller::{Policies, group_nodes};
+    use gpu_stack_core::operator::upgrade::{NodeObservation, UpgradePolicy};
+    let obs = |name: &str| NodeObservation {
+        name: name.into(),
+        ..NodeObservation::default()
+    };
+    let on = UpgradePolicy {
+        auto_upgrade: true,
+        ..UpgradePolicy::default()
+    };
+    let owners: BTreeMap<String, String> = [("a", "pool-a"), ("b", "pool-b"), ("c", "gone")]
+        .into_iter()
+        .map(|(n, o)| (n.to_string(), o.to_string()))
+        .collect();
+    let nodes = || ["a", "b", "c", "d"].map(obs).to_vec();
+    // The ClusterPolicy's policy covers every node.
+    let shared: Policies = BTreeMap::from([(None, Some(on.clone()))]);
+    let g = group_nodes(nodes(), &owners, &shared);
+    assert_eq!(g.len(), 1);
+    assert_eq!(g[0].nodes.len(), 4);
+    // Per resource: a refused policy leaves its nodes alone; nodes of no
+    // known resource get upgrades off (their state label goes).
+    let per_cr: Policies = BTreeMap::from([
+        (Some("pool-a".to_string()), Some(on.clone())),
+        (Some("pool-b".to_string()), None),
+    ]);
+    let g = group_nodes(nodes(), &owners, &per_cr);
+    let names: Vec<(bool, Vec<&str>)> = g
+        .iter()
+        .map(|g| {
+            (
+                g.policy.auto_upgrade,
+                g.nodes.iter().map(|n| n.name.as_str()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(names, [(true, vec!["a"]), (false, vec!["c", "d"])]);
 }
