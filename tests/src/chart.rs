@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
+use gpu_stack_k8s::operator::nvidiadriver::NvidiaDriver;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -138,14 +139,27 @@ pub async fn delete_applied(client: &Client, objs: &[DynamicObject]) {
 /// Server-side applies the generated ClusterPolicy CRD and waits until the API
 /// server serves it (before that, requests for ClusterPolicies get a bare 404).
 pub async fn apply_crd(crds: &Api<CustomResourceDefinition>) -> Result<()> {
+    apply_generated_crd(crds, ClusterPolicy::crd()).await
+}
+
+/// [`apply_crd`] for the NVIDIADriver CRD.
+pub async fn apply_nvidia_driver_crd(crds: &Api<CustomResourceDefinition>) -> Result<()> {
+    apply_generated_crd(crds, NvidiaDriver::crd()).await
+}
+
+async fn apply_generated_crd(
+    crds: &Api<CustomResourceDefinition>,
+    crd: CustomResourceDefinition,
+) -> Result<()> {
+    let name = crd.name_any();
     crds.patch(
-        "clusterpolicies.nvidia.com",
+        &name,
         &PatchParams::apply("gpu-stack-e2e").force(),
-        &Patch::Apply(&ClusterPolicy::crd()),
+        &Patch::Apply(&crd),
     )
     .await?;
-    wait_for("ClusterPolicy CRD established", ESTABLISHED, || async {
-        let crd = crds.get("clusterpolicies.nvidia.com").await?;
+    wait_for(&format!("CRD {name} established"), ESTABLISHED, || async {
+        let crd = crds.get(&name).await?;
         Ok(crd
             .status
             .and_then(|s| s.conditions)
