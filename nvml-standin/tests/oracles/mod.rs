@@ -155,6 +155,13 @@ impl Node {
 
     /// Runs NVIDIA's `cmd` on the stand-in.
     pub fn nvidia(&self, mut cmd: Command) -> Output {
+        self.nvidia_env(&mut cmd);
+        run(cmd)
+    }
+
+    /// Points NVIDIA's `cmd` at the stand-in and this node (for commands
+    /// spawned rather than run to the end).
+    pub fn nvidia_env(&self, cmd: &mut Command) {
         cmd.env("LD_LIBRARY_PATH", self.nvml.path())
             .env("GPU_STACK_STANDIN_FLEET", &self.fleet)
             .env_remove("GPU_STACK_STANDIN_NODE")
@@ -162,7 +169,6 @@ impl Node {
         if let Some(s) = &self.state {
             cmd.env("GPU_STACK_STANDIN_STATE", s);
         }
-        run(cmd)
     }
 
     /// The backend flags of our binaries for this node.
@@ -181,18 +187,33 @@ impl Node {
 
     /// Runs our `cmd` (backend flags added) on the simulated backend.
     pub fn ours(&self, mut cmd: Command) -> Output {
+        self.ours_env(&mut cmd);
+        run(cmd)
+    }
+
+    /// Adds the backend flags to our `cmd` and clears the environment that
+    /// would override them (for commands spawned rather than run to the end).
+    pub fn ours_env(&self, cmd: &mut Command) {
         cmd.args(self.backend_args())
             .env_remove("GPU_STACK_BACKEND")
             .env_remove("GPU_STACK_FLEET")
             .env_remove("GPU_STACK_SIM_STATE")
             .env_remove("NODE_NAME");
-        run(cmd)
+    }
+
+    /// The simulated backend of this node, on its state file when it has one
+    /// (so faults injected here reach both sides' processes).
+    pub fn sim(&self) -> gpu_stack_nvml::SimulatedBackend {
+        let spec = gpu_stack_nvml::SimNodeSpec::from_fleet_file(&self.fleet, None).unwrap();
+        match &self.state {
+            Some(s) => gpu_stack_nvml::SimulatedBackend::with_state_file(&spec, s).unwrap(),
+            None => gpu_stack_nvml::SimulatedBackend::new(&spec).unwrap(),
+        }
     }
 
     /// Each GPU's PCI bus id and device id (`0x20B010DE`), by index.
     pub fn gpus(&self) -> Vec<(String, u32)> {
-        let spec = gpu_stack_nvml::SimNodeSpec::from_fleet_file(&self.fleet, None).unwrap();
-        let sim = gpu_stack_nvml::SimulatedBackend::new(&spec).unwrap();
+        let sim = self.sim();
         (0..sim.device_count().unwrap())
             .map(|i| {
                 let info = sim.gpu_info(i).unwrap();
@@ -201,14 +222,21 @@ impl Node {
             .collect()
     }
 
-    /// The `ADDR=DEVICE,...` argument of fake-host.sh for this node's GPUs.
+    /// The `ADDR=DEVICE@NUMA,...` argument of fake-host.sh for this node's
+    /// GPUs (sysfs bus address, PCI device id, NUMA node; `@0` where the
+    /// node reports none).
     pub fn fake_host_gpus(&self) -> String {
-        self.gpus()
-            .iter()
-            .map(|(bus, id)| {
-                let bus = bus.to_lowercase();
+        let sim = self.sim();
+        (0..sim.device_count().unwrap())
+            .map(|i| {
+                let info = sim.gpu_info(i).unwrap();
+                let bus = info.pci_bus_id.to_lowercase();
                 let bus = bus.strip_prefix("0000").unwrap_or(&bus).to_string();
-                format!("{bus}={:#06x}", id >> 16)
+                format!(
+                    "{bus}={:#06x}@{}",
+                    info.pci_device_id >> 16,
+                    info.numa_node.unwrap_or(0)
+                )
             })
             .collect::<Vec<_>>()
             .join(",")
