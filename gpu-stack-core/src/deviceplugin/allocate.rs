@@ -286,6 +286,17 @@ fn pick_grouped<'a>(
     order.into_iter().flat_map(|(_, v)| v).take(want).collect()
 }
 
+/// The driver's device nodes every container with a GPU gets (with
+/// `pass_device_specs`), where they exist on the node: a headless node may
+/// lack `nvidia-modeset`, and a device spec whose node is missing fails the
+/// container. [`ContainerAllocation::without_absent_nodes`] drops those.
+pub const OPTIONAL_DEVICE_NODES: [&str; 4] = [
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+];
+
 /// What one container gets, before it is turned into the gRPC message.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -300,6 +311,18 @@ pub struct ContainerAllocation {
     pub annotations: BTreeMap<String, String>,
     /// Fully-qualified CDI device names.
     pub cdi_devices: Vec<String>,
+}
+
+impl ContainerAllocation {
+    /// Drops the device specs of [`OPTIONAL_DEVICE_NODES`] that `exists`
+    /// (given the path in the plugin's view of `/dev`) says are absent, as
+    /// NVIDIA's device plugin does; the GPU and MIG capability nodes stay.
+    pub fn without_absent_nodes(mut self, exists: impl Fn(&str) -> bool) -> ContainerAllocation {
+        self.devices.retain(|d| {
+            !OPTIONAL_DEVICE_NODES.contains(&d.container_path.as_str()) || exists(&d.container_path)
+        });
+        self
+    }
 }
 
 /// A bind mount.
@@ -465,15 +488,10 @@ pub fn allocate_container(
     }
     if settings.pass_device_specs {
         let root = &settings.dev_root;
-        let mut paths: Vec<String> = [
-            "/dev/nvidiactl",
-            "/dev/nvidia-uvm",
-            "/dev/nvidia-uvm-tools",
-            "/dev/nvidia-modeset",
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect();
+        let mut paths: Vec<String> = OPTIONAL_DEVICE_NODES
+            .into_iter()
+            .map(String::from)
+            .collect();
         for d in &physical {
             let node = format!("/dev/nvidia{}", d.gpu_minor);
             if !paths.contains(&node) {
@@ -750,6 +768,33 @@ mod tests {
         assert_eq!(v.envs["NVIDIA_VISIBLE_DEVICES"], VOLUME_MOUNT_DIR);
         assert_eq!(v.mounts.len(), 2);
         assert!(v.devices.iter().any(|d| d.host_path == "/dev/nvidia3"));
+        assert!(
+            v.devices
+                .iter()
+                .any(|d| d.host_path == "/dev/nvidia-modeset")
+        );
+
+        // Optional nodes the node lacks are dropped; GPU nodes always stay.
+        let present = v
+            .clone()
+            .without_absent_nodes(|p| p != "/dev/nvidia-modeset");
+        let paths: Vec<&str> = present
+            .devices
+            .iter()
+            .map(|d| d.container_path.as_str())
+            .collect();
+        assert!(!paths.contains(&"/dev/nvidia-modeset"), "{paths:?}");
+        assert!(paths.contains(&"/dev/nvidiactl"), "{paths:?}");
+        assert_eq!(paths.len(), v.devices.len() - 1);
+        let none = v.without_absent_nodes(|_| false);
+        assert!(
+            none.devices
+                .iter()
+                .all(|d| !OPTIONAL_DEVICE_NODES.contains(&d.container_path.as_str())),
+            "{:?}",
+            none.devices
+        );
+        assert!(none.devices.iter().any(|d| d.host_path == "/dev/nvidia3"));
     }
 
     #[test]

@@ -179,7 +179,10 @@ impl api::device_plugin_server::DevicePlugin for PluginService {
         let mut container_responses = Vec::new();
         for c in request.into_inner().container_requests {
             let a = allocate_container(&self.resource, &self.settings, &c.devices_ids)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                .map_err(|e| Status::invalid_argument(e.to_string()))?
+                // Like NVIDIA's plugin: only the optional driver nodes this
+                // plugin sees in /dev.
+                .without_absent_nodes(|p| std::path::Path::new(p).exists());
             container_responses.push(wire_allocation(a));
         }
         Ok(Response::new(api::AllocateResponse {
