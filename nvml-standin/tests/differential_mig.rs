@@ -52,6 +52,33 @@ struct Bench {
     _dir: tempfile::TempDir,
 }
 
+/// Writes `<dir>/bin/nvidia-smi` for `node`: nvidia-mig-parted resets the
+/// GPUs after a MIG mode change that waits for one (h200.yaml) with
+/// `nvidia-smi -r -i <every GPU's bus id>`; on the simulated node that is
+/// `gpu-stack gpus --reboot` (pending MIG modes take effect, MIG instances
+/// are gone, as after a reset of every GPU).
+fn nvidia_smi_standin(node: &Node, dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let args: Vec<String> = node
+        .backend_args()
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect();
+    let script = format!(
+        "#!/bin/sh\n\
+         # nvidia-smi -r -i BUS,... as nvidia-mig-parted runs it, on the simulated node.\n\
+         [ \"$1\" = -r ] || {{ echo \"nvidia-smi stand-in: only -r\" >&2; exit 2; }}\n\
+         exec '{}' gpus {} --reboot\n",
+        ours("gpu-stack").display(),
+        args.join(" ")
+    );
+    let path = bin.join("nvidia-smi");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 impl Bench {
     /// The node of `fleet_name` with a fresh state file; `None` when the test
     /// is skipped.
@@ -64,6 +91,7 @@ impl Bench {
         let node = Node::new(fleet(fleet_name), Some(dir.path().join("gpus.json")));
         let gpus = node.gpus();
         let fake_host_gpus = node.fake_host_gpus();
+        nvidia_smi_standin(&node, dir.path());
         Some(Bench {
             node,
             parted,
@@ -73,12 +101,17 @@ impl Bench {
         })
     }
 
-    /// `nvidia-mig-parted ARGS` on the node, under fake-host.sh.
+    /// `nvidia-mig-parted ARGS` on the node, under fake-host.sh, with the
+    /// `nvidia-smi` of [`nvidia_smi_standin`] first on PATH.
     fn nvidia(&self, args: &[&str]) -> Output {
         let mut cmd = Command::new("unshare");
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut dirs = vec![self._dir.path().join("bin")];
+        dirs.extend(std::env::split_paths(&path));
         cmd.args(["-m", FAKE_HOST, &self.fake_host_gpus])
             .arg(&self.parted)
-            .args(args);
+            .args(args)
+            .env("PATH", std::env::join_paths(dirs).unwrap());
         self.node.nvidia(cmd)
     }
 
@@ -368,6 +401,26 @@ fn hgx_h100_mig_parted_and_ours_agree() {
             &[("1g.10gb", 2), ("2g.20gb", 1), ("3g.40gb", 1)],
         ),
         ("all-2g.20gb", &[("2g.20gb", 3)]),
+    );
+    // 1g.5gb is a profile of the 40 GB A100.
+    lacking_profile(&bench, "all-1g.5gb", "1g.5gb");
+}
+
+#[test]
+fn h200_mig_parted_and_ours_agree() {
+    // MIG on GPUs 4-7 (6-7 with no instances), off on 0-3; a MIG mode change
+    // on this node waits for a GPU reset, which both sides then do.
+    let Some(bench) = Bench::new("h200") else {
+        return;
+    };
+    differential(
+        &bench,
+        ("all-1g.18gb", &[("1g.18gb", 7)]),
+        (
+            "all-balanced",
+            &[("1g.18gb", 2), ("2g.35gb", 1), ("3g.71gb", 1)],
+        ),
+        ("all-3g.71gb", &[("3g.71gb", 2)]),
     );
     // 1g.5gb is a profile of the 40 GB A100.
     lacking_profile(&bench, "all-1g.5gb", "1g.5gb");
