@@ -6,6 +6,8 @@
 //!   labels it writes (respecting values other agents wrote).
 //! - [`driver`]: the driver selection matrix: image references, OS and kernel
 //!   pools, and GPU × driver-branch compatibility.
+//! - [`migconfig`]: MigConfig layouts turned into the MIG manager's label
+//!   and mig-parted config, with a per-node verdict.
 //! - [`nvidiadriver`]: NVIDIADriver routing (which resource owns each GPU
 //!   node's driver) and its validation.
 //! - [`validation`]: the per-node validator's checks and the status files it writes.
@@ -17,6 +19,7 @@
 pub mod components;
 pub mod driver;
 pub mod labels;
+pub mod migconfig;
 pub mod nvidiadriver;
 pub mod upgrade;
 pub mod validation;
