@@ -39,8 +39,13 @@ fn default_output_is_the_clusterpolicy_crd() {
 fn nvidiadriver_and_all() {
     let nvd = committed("nvidia.com_nvidiadrivers.yaml");
     assert_eq!(crdgen(&["--kind", "nvidiadriver"]), nvd);
+    let mig = committed("gpustack.io_migconfigs.yaml");
+    assert_eq!(crdgen(&["--kind", "migconfig"]), mig);
     let cp = committed("nvidia.com_clusterpolicies.yaml");
-    assert_eq!(crdgen(&["--kind", "all"]), format!("{cp}---\n{nvd}"));
+    assert_eq!(
+        crdgen(&["--kind", "all"]),
+        format!("{cp}---\n{nvd}---\n{mig}")
+    );
 }
 
 #[test]
@@ -48,6 +53,7 @@ fn the_chart_ships_every_committed_crd() {
     for name in [
         "nvidia.com_clusterpolicies.yaml",
         "nvidia.com_nvidiadrivers.yaml",
+        "gpustack.io_migconfigs.yaml",
     ] {
         let chart = deploy().join("helm/gpu-stack/crds").join(name);
         let copy =

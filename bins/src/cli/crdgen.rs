@@ -1,5 +1,5 @@
 //! `gpu-stack crdgen`: prints the CRDs generated from the Rust types (the
-//! ClusterPolicy by default, the NVIDIADriver with `--kind nvidiadriver`).
+//! ClusterPolicy by default, the NVIDIADriver and MigConfig with `--kind`).
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -12,6 +12,8 @@ pub enum Kind {
     Clusterpolicy,
     /// `nvidiadrivers.nvidia.com` (deploy/crds/nvidia.com_nvidiadrivers.yaml).
     Nvidiadriver,
+    /// `migconfigs.gpustack.io` (deploy/crds/gpustack.io_migconfigs.yaml).
+    Migconfig,
     /// Every CRD, as one multi-document YAML stream.
     All,
 }
@@ -34,12 +36,23 @@ fn nvidiadriver() -> Result<String> {
         .context("could not render the NVIDIADriver CRD as YAML")
 }
 
+fn migconfig() -> Result<String> {
+    gpu_stack_k8s::operator::migconfig::crd_yaml()
+        .context("could not render the MigConfig CRD as YAML")
+}
+
 /// Runs `gpu-stack crdgen`.
 pub fn run(args: Args) -> Result<ExitCode> {
     let yaml = match args.kind {
         Kind::Clusterpolicy => clusterpolicy()?,
         Kind::Nvidiadriver => nvidiadriver()?,
-        Kind::All => format!("{}---\n{}", clusterpolicy()?, nvidiadriver()?),
+        Kind::Migconfig => migconfig()?,
+        Kind::All => format!(
+            "{}---\n{}---\n{}",
+            clusterpolicy()?,
+            nvidiadriver()?,
+            migconfig()?
+        ),
     };
     print!("{yaml}");
     Ok(ExitCode::SUCCESS)

@@ -17,6 +17,7 @@ pub mod controller;
 pub mod desired;
 pub mod leader;
 pub mod metrics;
+pub mod migconfig;
 pub mod nvidiadriver;
 pub mod upgrade;
 

@@ -1,0 +1,238 @@
+//! MigConfig (`gpustack.io/v1alpha1`, cluster-scoped): the MIG layout of the
+//! GPU nodes a node selector picks, per GPU model, as a resource instead of a
+//! hand-written mig-parted ConfigMap and node label.
+//!
+//! The group is gpu-stack's own, not `nvidia.com`: NVIDIA has no such kind,
+//! and a kind of ours under NVIDIA's group could collide with one NVIDIA adds
+//! later.
+//!
+//! The operator turns each MigConfig into NVIDIA's MIG manager contract (see
+//! [`gpu_stack_core::operator::migconfig`]): a generated config
+//! `gpustack-<name>` in the mig-parted ConfigMap it writes, and the
+//! `nvidia.com/mig.config` label on each selected node whose GPUs can take
+//! the layout. Status lists every selected node as `Invalid` (with the
+//! reason; nothing on it changes), `Pending` or `Applied`.
+use std::collections::BTreeMap;
+
+use gpu_stack_core::operator::migconfig::{
+    LayoutRule, LayoutSource, MigConfigInput, NodeState, NodeStatus,
+};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::clusterpolicy::Condition;
+
+/// Pattern of a MIG profile name (`1g.10gb`, `1c.3g.40gb`, `1g.10gb+me`,
+/// `7g.80gb-me`), checked at admission; the geometry is checked per GPU.
+pub const PROFILE_PATTERN: &str = r"^([1-9][0-9]?c\.)?[1-9][0-9]?g\.[1-9][0-9]{0,3}gb([+-][a-z]+(\.[a-z]+)?(,[a-z]+(\.[a-z]+)?)*)?$";
+
+/// Most layouts one MigConfig may hold.
+pub const MAX_LAYOUTS: u32 = 32;
+
+/// Spec of a MigConfig.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "gpustack.io",
+    version = "v1alpha1",
+    kind = "MigConfig",
+    plural = "migconfigs",
+    shortname = "migc",
+    status = "MigConfigStatus",
+    doc = "MigConfig sets the MIG layout of the GPU nodes its nodeSelector matches, per GPU model.",
+    printcolumn(name = "Applied", type_ = "integer", json_path = ".status.applied"),
+    printcolumn(name = "Pending", type_ = "integer", json_path = ".status.pending"),
+    printcolumn(name = "Invalid", type_ = "integer", json_path = ".status.invalid"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MigConfigSpec {
+    /// Labels a GPU node must carry; empty selects every GPU node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// One layout per GPU model; the one without `gpuModel` applies to
+    /// every other MIG-capable model.
+    #[schemars(extend("maxItems" = MAX_LAYOUTS, "minItems" = 1))]
+    pub layouts: Vec<MigLayout>,
+}
+
+/// The layout of one GPU model.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "(has(self.profiles) ? 1 : 0) + (has(self.config) ? 1 : 0) + (has(self.migEnabled) && !self.migEnabled ? 1 : 0) == 1",
+    "message": "set exactly one of profiles, config, or migEnabled: false"
+}]))]
+pub struct MigLayout {
+    /// A GPU model (`H100-SXM5-80GB`, `A100-SXM4-40GB`); absent for every
+    /// model no other layout names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxLength" = 64))]
+    pub gpu_model: Option<String>,
+    /// MIG on with these instances: profile name to count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "profiles_schema")]
+    pub profiles: Option<BTreeMap<String, u32>>,
+    /// A named config of the mig-parted file (`all-balanced`, `all-1g.10gb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxLength" = 128))]
+    pub config: Option<String>,
+    /// `false` turns MIG off on these GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_enabled: Option<bool>,
+}
+
+fn profiles_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "description": "MIG profile name to instance count.",
+        "maxProperties": 16,
+        "propertyNames": {"pattern": PROFILE_PATTERN},
+        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 64},
+        "x-kubernetes-validations": [{
+            "rule": "self.all(k, k.matches('^([1-9][0-9]?c\\\\.)?[1-9][0-9]?g\\\\.[1-9][0-9]{0,3}gb([+-][a-z]+(\\\\.[a-z]+)?(,[a-z]+(\\\\.[a-z]+)?)*)?$'))",
+            "message": "profile names look like 1g.10gb, 3g.40gb, 1g.10gb+me or 1c.3g.40gb"
+        }]
+    })
+}
+
+/// Status of a MigConfig.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigConfigStatus {
+    /// `Ready` (every selected node applied) and `Error` (the MigConfig is
+    /// refused, or some node is invalid).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Selected nodes with their layout applied.
+    #[serde(default)]
+    pub applied: i64,
+    /// Selected nodes waiting for the MIG manager.
+    #[serde(default)]
+    pub pending: i64,
+    /// Selected nodes refused (nothing on them changes).
+    #[serde(default)]
+    pub invalid: i64,
+    /// Every selected node, by name (at most 1,000; the counts cover all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<MigConfigNode>,
+    /// The mig-parted config generated for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_name: Option<String>,
+    /// Generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// One node in a MigConfig's status.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigConfigNode {
+    /// Node name.
+    pub name: String,
+    /// `Invalid`, `Pending` or `Applied`.
+    pub state: String,
+    /// Why it is invalid, or what it waits for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+impl MigConfigNode {
+    /// The status entry of a planner verdict.
+    pub fn from_status(s: &NodeStatus) -> Self {
+        MigConfigNode {
+            name: s.node.clone(),
+            state: match s.state {
+                NodeState::Invalid => "Invalid",
+                NodeState::Pending => "Pending",
+                NodeState::Applied => "Applied",
+            }
+            .into(),
+            reason: s.reason.clone(),
+        }
+    }
+}
+
+impl MigConfig {
+    /// The resource's name (empty when the object has none).
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The planner's input. A profile name that does not parse is kept out
+    /// and reported by [`MigConfig::profile_problems`].
+    pub fn input(&self) -> MigConfigInput {
+        let rules = self
+            .spec
+            .layouts
+            .iter()
+            .map(|l| LayoutRule {
+                model: l.gpu_model.clone(),
+                source: match (&l.profiles, &l.config) {
+                    (Some(p), _) => LayoutSource::Profiles(
+                        p.iter()
+                            .filter_map(|(name, n)| Some((name.parse().ok()?, *n)))
+                            .collect(),
+                    ),
+                    (None, Some(c)) => LayoutSource::Named(c.clone()),
+                    (None, None) => LayoutSource::Disabled,
+                },
+            })
+            .collect();
+        MigConfigInput {
+            name: self.name().to_string(),
+            node_selector: self.spec.node_selector.clone(),
+            rules,
+        }
+    }
+
+    /// What admission cannot check in a document that reached the operator
+    /// anyway (the in-memory cluster, or an older CRD): profile names that
+    /// do not parse, and layouts that set more than one source.
+    pub fn profile_problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, l) in self.spec.layouts.iter().enumerate() {
+            let sources = usize::from(l.profiles.is_some())
+                + usize::from(l.config.is_some())
+                + usize::from(l.mig_enabled == Some(false));
+            if sources != 1 {
+                out.push(format!(
+                    "MigConfig {}: spec.layouts[{i}]: set exactly one of profiles, config, or migEnabled: false",
+                    self.name()
+                ));
+            }
+            for name in l.profiles.iter().flat_map(|p| p.keys()) {
+                if let Err(e) = name.parse::<gpu_stack_core::mig::MigProfileName>() {
+                    out.push(format!(
+                        "MigConfig {}: spec.layouts[{i}].profiles: {e}",
+                        self.name()
+                    ));
+                }
+            }
+        }
+        if self.spec.layouts.len() > MAX_LAYOUTS as usize {
+            out.push(format!(
+                "MigConfig {}: spec.layouts has {} entries; at most {MAX_LAYOUTS}",
+                self.name(),
+                self.spec.layouts.len()
+            ));
+        }
+        out.truncate(8);
+        out
+    }
+}
+
+/// The MigConfig CRD as YAML, generated from these types (what
+/// `gpu-stack crdgen --kind migconfig` prints and
+/// `deploy/crds/gpustack.io_migconfigs.yaml` holds).
+pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
+    use kube::CustomResourceExt;
+    serde_saphyr::to_string(&MigConfig::crd())
+}
+
+#[cfg(test)]
+mod tests;
