@@ -221,8 +221,20 @@ pub struct MigConfigPlan {
     pub problems: BTreeMap<String, Vec<MigConfigError>>,
     /// Per MigConfig: its nodes, by name, at most [`MAX_NODES_IN_STATUS`].
     pub statuses: BTreeMap<String, Vec<NodeStatus>>,
-    /// Per MigConfig: how many selected nodes the status leaves out.
-    pub more_nodes: BTreeMap<String, usize>,
+    /// Per MigConfig: how many selected nodes are in each state (all of
+    /// them, also those the capped status list leaves out).
+    pub counts: BTreeMap<String, StateCounts>,
+}
+
+/// Selected nodes per state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateCounts {
+    /// [`NodeState::Invalid`].
+    pub invalid: usize,
+    /// [`NodeState::Pending`].
+    pub pending: usize,
+    /// [`NodeState::Applied`].
+    pub applied: usize,
 }
 
 /// Catalog models with MIG.
@@ -418,6 +430,7 @@ pub fn plan_mig_configs(
             }
         }
         plan.statuses.insert(cr.name.clone(), Vec::new());
+        plan.counts.insert(cr.name.clone(), StateCounts::default());
     }
     for node in nodes {
         let claimants: Vec<&MigConfigInput> = crs.iter().filter(|c| selects(c, node)).collect();
@@ -451,11 +464,15 @@ pub fn plan_mig_configs(
                     LabelPatch::from([(MIG_CONFIG.to_string(), Some(entry_name(&cr.name)))]),
                 );
             }
+            let c = plan.counts.entry(cr.name.clone()).or_default();
+            match status.state {
+                NodeState::Invalid => c.invalid += 1,
+                NodeState::Pending => c.pending += 1,
+                NodeState::Applied => c.applied += 1,
+            }
             let list = plan.statuses.entry(cr.name.clone()).or_default();
             if list.len() < MAX_NODES_IN_STATUS {
                 list.push(status);
-            } else {
-                *plan.more_nodes.entry(cr.name.clone()).or_default() += 1;
             }
         }
     }

@@ -31,6 +31,7 @@ use serde::Serialize;
 use crate::cluster::{Cluster, ClusterError, Object, ObjectKey};
 use crate::clusterpolicy::ClusterPolicyStatus;
 use crate::desired::{Options, active_policy, carry_condition_times, carry_times, ignored_status};
+use crate::operator::migconfig::MigConfigStatus;
 use crate::operator::nvidiadriver::NvidiaDriverStatus;
 
 /// Errors of a reconcile pass.
@@ -93,6 +94,8 @@ pub struct PassReport {
     pub driver: DriverPlan,
     /// Status written to each NVIDIADriver, by name.
     pub nvidia_drivers: BTreeMap<String, NvidiaDriverStatus>,
+    /// Status written to each MigConfig, by name.
+    pub mig_configs: BTreeMap<String, MigConfigStatus>,
 }
 
 impl PassReport {
@@ -193,7 +196,16 @@ impl<C: Cluster> Operator<C> {
             .list_nvidia_drivers()
             .await
             .map_err(during("listing NVIDIADrivers"))?;
-        let want = desired::desired_state_with(&active, &nodes, &owned, &drivers, &self.options);
+        let mig_configs = self
+            .cluster
+            .list_mig_configs()
+            .await
+            .map_err(during("listing MigConfigs"))?;
+        let related = desired::Related {
+            nvidia_drivers: &drivers,
+            mig_configs: &mig_configs,
+        };
+        let want = desired::desired_state_with(&active, &nodes, &owned, &related, &self.options);
 
         // Labels and objects are written at once: a DaemonSet starts pods on
         // each node as its labels land, instead of after the last of a large
@@ -247,6 +259,25 @@ impl<C: Cluster> Operator<C> {
                     )))?;
             }
             report.nvidia_drivers.insert(d.name().to_string(), new);
+        }
+        for m in &mig_configs {
+            let Some(new) = want.mig_config_status.get(m.name()) else {
+                continue;
+            };
+            let mut new = new.clone();
+            carry_times(
+                &mut new.conditions,
+                m.status.as_ref().map(|s| s.conditions.as_slice()),
+                &(self.clock)(),
+            );
+            if m.status.as_ref() != Some(&new) {
+                let name = m.name();
+                self.cluster
+                    .update_mig_config_status(name, &new)
+                    .await
+                    .map_err(during(format!("updating the status of MigConfig {name}")))?;
+            }
+            report.mig_configs.insert(m.name().to_string(), new);
         }
         report.status = Some(status);
         report.unchanged = want.unchanged;

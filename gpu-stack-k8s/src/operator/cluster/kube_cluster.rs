@@ -31,6 +31,7 @@ use serde::de::DeserializeOwned;
 use super::{Cluster, ClusterError, Object, ObjectKey};
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 use crate::controller::watches::Caches;
+use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 
 /// The field manager of every write the operator makes.
@@ -376,17 +377,8 @@ impl Cluster for KubeCluster {
     }
 
     async fn list_nvidia_drivers(&self) -> Result<Vec<NvidiaDriver>, ClusterError> {
-        let store = &self.caches.nvidia_drivers;
-        if futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok()) {
-            return Ok(store.state().iter().map(|d| (**d).clone()).collect());
-        }
-        // The watch has not listed yet (or cannot: no CRD): read once.
-        let api: Api<NvidiaDriver> = Api::all(self.client.clone());
-        match api.list(&kube::api::ListParams::default()).await {
-            Ok(list) => Ok(list.items),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
-            Err(e) => Err(backend("list NVIDIADrivers", e)),
-        }
+        self.list_watched(&self.caches.nvidia_drivers, "NVIDIADrivers")
+            .await
     }
 
     async fn update_nvidia_driver_status(
@@ -394,10 +386,72 @@ impl Cluster for KubeCluster {
         name: &str,
         status: &NvidiaDriverStatus,
     ) -> Result<(), ClusterError> {
-        let api: Api<NvidiaDriver> = Api::all(self.client.clone());
+        self.apply_status::<NvidiaDriver>(name, "nvidia.com/v1alpha1", "NVIDIADriver", status)
+            .await
+    }
+
+    async fn list_mig_configs(&self) -> Result<Vec<MigConfig>, ClusterError> {
+        self.list_watched(&self.caches.mig_configs, "MigConfigs")
+            .await
+    }
+
+    async fn update_mig_config_status(
+        &self,
+        name: &str,
+        status: &MigConfigStatus,
+    ) -> Result<(), ClusterError> {
+        self.apply_status::<MigConfig>(name, "gpustack.io/v1alpha1", "MigConfig", status)
+            .await
+    }
+}
+
+impl KubeCluster {
+    /// A cluster-scoped kind the operator watches without waiting for it:
+    /// from the watch's store once it has listed, else read once (none
+    /// where the CRD is not installed).
+    async fn list_watched<K>(
+        &self,
+        store: &kube::runtime::reflector::Store<K>,
+        what: &str,
+    ) -> Result<Vec<K>, ClusterError>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        if futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok()) {
+            return Ok(store.state().iter().map(|d| (**d).clone()).collect());
+        }
+        let api: Api<K> = Api::all(self.client.clone());
+        match api.list(&kube::api::ListParams::default()).await {
+            Ok(list) => Ok(list.items),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(backend(&format!("list {what}"), e)),
+        }
+    }
+
+    /// Server-side applies the status of a cluster-scoped custom resource.
+    async fn apply_status<K>(
+        &self,
+        name: &str,
+        api_version: &str,
+        kind: &str,
+        status: &impl Serialize,
+    ) -> Result<(), ClusterError>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::all(self.client.clone());
         let body = serde_json::json!({
-            "apiVersion": "nvidia.com/v1alpha1",
-            "kind": "NVIDIADriver",
+            "apiVersion": api_version,
+            "kind": kind,
             "status": status,
         });
         api.patch_status(
@@ -407,7 +461,7 @@ impl Cluster for KubeCluster {
         )
         .await
         .map(|_| ())
-        .map_err(|e| backend(&format!("update status of NVIDIADriver/{name}"), e))
+        .map_err(|e| backend(&format!("update status of {kind}/{name}"), e))
     }
 }
 

@@ -25,6 +25,7 @@ use super::object::{Object, ObjectKey};
 use super::selector::{label_selector_matches, pod_fits_node};
 use super::{Cluster, ClusterError, NodeEvent};
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
+use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 
 #[derive(Default)]
@@ -37,6 +38,7 @@ struct State {
     rolled_out: BTreeMap<ObjectKey, (i64, BTreeSet<String>)>,
     policies: BTreeMap<String, ClusterPolicy>,
     nvidia_drivers: BTreeMap<String, NvidiaDriver>,
+    mig_configs: BTreeMap<String, MigConfig>,
     watchers: Vec<mpsc::UnboundedSender<NodeEvent>>,
     writes: u64,
 }
@@ -224,6 +226,42 @@ impl InMemoryCluster {
             st.writes += 1;
         }
         found
+    }
+
+    /// Creates or replaces a MigConfig (the stored status is kept when the
+    /// new one has none).
+    pub fn upsert_mig_config(&self, mut mig: MigConfig) {
+        let mut st = self.lock();
+        let name = mig.name().to_string();
+        let old = st.mig_configs.get(&name).cloned();
+        let generation = match &old {
+            Some(o) if o.spec == mig.spec => o.metadata.generation.unwrap_or(1),
+            Some(o) => o.metadata.generation.unwrap_or(1) + 1,
+            None => 1,
+        };
+        mig.metadata.generation = Some(generation);
+        if mig.status.is_none() {
+            mig.status = old.and_then(|o| o.status);
+        }
+        mig.metadata.resource_version = Some(st.next_rv());
+        st.writes += 1;
+        st.mig_configs.insert(name, mig);
+    }
+
+    /// Deletes a MigConfig; returns whether it existed.
+    pub fn remove_mig_config(&self, name: &str) -> bool {
+        let mut st = self.lock();
+        let found = st.mig_configs.remove(name).is_some();
+        if found {
+            st.next_rv();
+            st.writes += 1;
+        }
+        found
+    }
+
+    /// A MigConfig as stored.
+    pub fn mig_config(&self, name: &str) -> Option<MigConfig> {
+        self.lock().mig_configs.get(name).cloned()
     }
 
     /// An NVIDIADriver as stored.
@@ -488,6 +526,31 @@ impl Cluster for InMemoryCluster {
         }
         d.status = Some(status.clone());
         d.metadata.resource_version = Some(rv);
+        st.writes += 1;
+        Ok(())
+    }
+
+    async fn list_mig_configs(&self) -> Result<Vec<MigConfig>, ClusterError> {
+        Ok(self.lock().mig_configs.values().cloned().collect())
+    }
+
+    async fn update_mig_config_status(
+        &self,
+        name: &str,
+        status: &MigConfigStatus,
+    ) -> Result<(), ClusterError> {
+        let mut st = self.lock();
+        let rv = st.next_rv();
+        let Some(m) = st.mig_configs.get_mut(name) else {
+            return Err(ClusterError::NotFound {
+                what: format!("MigConfig/{name}"),
+            });
+        };
+        if m.status.as_ref() == Some(status) {
+            return Ok(());
+        }
+        m.status = Some(status.clone());
+        m.metadata.resource_version = Some(rv);
         st.writes += 1;
         Ok(())
     }

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 use crate::desired::NodeMeta;
+use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 
 pub mod fleet;
@@ -119,5 +120,16 @@ pub trait Cluster: Send + Sync {
         &self,
         name: &str,
         status: &NvidiaDriverStatus,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+
+    /// All MigConfigs; none where their CRD is not installed.
+    fn list_mig_configs(&self)
+    -> impl Future<Output = Result<Vec<MigConfig>, ClusterError>> + Send;
+
+    /// Replaces a MigConfig's status (the status subresource).
+    fn update_mig_config_status(
+        &self,
+        name: &str,
+        status: &MigConfigStatus,
     ) -> impl Future<Output = Result<(), ClusterError>> + Send;
 }

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::client::counting_client;
 use super::events::EventPublisher;
 use super::ops::{self, Readiness};
-use super::watches::{Caches, OwnedStores, node_watch, nvidia_driver_watch};
+use super::watches::{Caches, OwnedStores, node_watch, resource_watches};
 use super::{ControllerError, ControllerSettings, Pass, run_controller};
 use crate::leader::{LeaderConfig, LeaderError, Leadership};
 use crate::operator_metrics::OperatorMetrics;
@@ -166,11 +166,11 @@ where
 
     let (nodes, node_changes) = node_watch(client.clone());
     let (owned, owned_changes) = OwnedStores::start(&client, &options.namespace);
-    let (nvidia_drivers, driver_changes) = nvidia_driver_watch(&client);
+    let (resources, resource_changes) = resource_watches(&client);
     let triggers = futures::stream::select_all([
         node_changes.map(|_| ()).boxed(),
         owned_changes,
-        driver_changes,
+        resource_changes,
     ]);
     let events = EventPublisher::new(client.clone(), options.identity.clone());
     let settings = ControllerSettings {
@@ -201,7 +201,8 @@ where
                 nodes,
                 policies,
                 owned,
-                nvidia_drivers,
+                nvidia_drivers: resources.nvidia_drivers,
+                mig_configs: resources.mig_configs,
             };
             make_pass(pass_client, caches, &options.namespace)
         },

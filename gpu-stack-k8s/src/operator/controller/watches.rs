@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use crate::cluster::Object;
 use crate::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::clusterpolicy::ClusterPolicy;
+use crate::operator::migconfig::MigConfig;
 use crate::operator::nvidiadriver::NvidiaDriver;
 
 /// Nodes as the operator keeps them: name, uid, resource version, labels
@@ -216,14 +217,27 @@ pub struct Caches {
     /// completes, and a pass then reads them directly
     /// ([`crate::cluster::kube_cluster::KubeCluster`]).
     pub nvidia_drivers: Store<NvidiaDriver>,
+    /// MigConfigs, read the same way as NVIDIADrivers.
+    pub mig_configs: Store<MigConfig>,
 }
 
-/// Starts the NVIDIADriver watch; the stream yields once per change and
-/// must be polled to keep the store fed.
-pub fn nvidia_driver_watch(client: &Client) -> (Store<NvidiaDriver>, BoxStream<'static, ()>) {
+/// Watches of the resources the operator reads but does not wait for.
+pub struct ResourceWatches {
+    /// NVIDIADrivers.
+    pub nvidia_drivers: Store<NvidiaDriver>,
+    /// MigConfigs.
+    pub mig_configs: Store<MigConfig>,
+}
+
+/// Starts the NVIDIADriver and MigConfig watches; the stream yields once
+/// per change and must be polled to keep the stores fed.
+pub fn resource_watches(client: &Client) -> (ResourceWatches, BoxStream<'static, ()>) {
     let mut t = Vec::new();
-    let store = watch(Api::all(client.clone()), watcher::Config::default(), &mut t);
-    (store, futures::stream::select_all(t).boxed())
+    let stores = ResourceWatches {
+        nvidia_drivers: watch(Api::all(client.clone()), watcher::Config::default(), &mut t),
+        mig_configs: watch(Api::all(client.clone()), watcher::Config::default(), &mut t),
+    };
+    (stores, futures::stream::select_all(t).boxed())
 }
 
 impl Caches {

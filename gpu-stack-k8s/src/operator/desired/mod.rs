@@ -28,8 +28,10 @@ use crate::cluster::selector::{pod_selects_node, pod_tolerates_taints};
 use crate::clusterpolicy::{
     ClusterPolicy, ClusterPolicyStatus, Condition, DEFAULT_NAMESPACE, RefusedNode, state,
 };
+use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 
+mod migconfigs;
 mod nvidiadrivers;
 
 pub mod render;
@@ -95,6 +97,8 @@ pub struct Desired {
     /// Status of each NVIDIADriver not being deleted, by name (condition
     /// times are left to the caller).
     pub nvidia_driver_status: BTreeMap<String, NvidiaDriverStatus>,
+    /// Status of each MigConfig, by name (condition times left to the caller).
+    pub mig_config_status: BTreeMap<String, MigConfigStatus>,
     /// Number of desired objects left untouched because their hash matched.
     pub unchanged: usize,
 }
@@ -176,15 +180,36 @@ pub fn stamp_hash(obj: &mut Object) -> String {
     hash
 }
 
-/// GPUs on a node, from NFD PCI device labels or, failing that, the GFD product
-/// label, looked up in the GPU catalog.
-pub fn gpus_on_node(labels: &Labels) -> Vec<GpuIdentity> {
+/// Catalog models of a node's GPUs, from NFD PCI device labels or, failing
+/// that, the GFD product label; empty when neither names a known model.
+pub fn catalog_models_on_node(labels: &Labels) -> Vec<&'static catalog::GpuModel> {
     let facts = NodeFacts::from_labels(labels);
-    let mut out: Vec<GpuIdentity> = facts
+    let mut out: Vec<&'static catalog::GpuModel> = facts
         .pci_device_ids
         .iter()
         .filter_map(|dev| u32::from_str_radix(dev, 16).ok())
         .filter_map(|dev| catalog::by_pci_device_id((dev << 16) | 0x10de))
+        .collect();
+    if out.is_empty()
+        && let Some(product) = labels.get(GPU_PRODUCT)
+    {
+        let spaced = product.replace('-', " ");
+        out.extend(
+            catalog::by_product_name(product)
+                .or_else(|| catalog::by_product_name(&spaced))
+                .or_else(|| catalog::lookup(product).ok()),
+        );
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dedup_by(|a, b| a.name == b.name);
+    out
+}
+
+/// GPUs on a node, from NFD PCI device labels or, failing that, the GFD product
+/// label, looked up in the GPU catalog.
+pub fn gpus_on_node(labels: &Labels) -> Vec<GpuIdentity> {
+    let mut out: Vec<GpuIdentity> = catalog_models_on_node(labels)
+        .into_iter()
         .map(|m| GpuIdentity {
             model: m.product_name.clone(),
             architecture: m.architecture.to_string(),
@@ -193,22 +218,10 @@ pub fn gpus_on_node(labels: &Labels) -> Vec<GpuIdentity> {
     if out.is_empty()
         && let Some(product) = labels.get(GPU_PRODUCT)
     {
-        let spaced = product.replace('-', " ");
-        out.push(
-            match catalog::by_product_name(product)
-                .or_else(|| catalog::by_product_name(&spaced))
-                .or_else(|| catalog::lookup(product).ok())
-            {
-                Some(m) => GpuIdentity {
-                    model: m.product_name.clone(),
-                    architecture: m.architecture.to_string(),
-                },
-                None => GpuIdentity {
-                    model: product.clone(),
-                    architecture: String::new(),
-                },
-            },
-        );
+        out.push(GpuIdentity {
+            model: product.clone(),
+            architecture: String::new(),
+        });
     }
     out.sort();
     out.dedup();
@@ -328,20 +341,32 @@ pub fn desired_state(
     current: &[Object],
     opts: &Options,
 ) -> Desired {
-    desired_state_with(policy, nodes, current, &[], opts)
+    desired_state_with(policy, nodes, current, &Related::default(), opts)
 }
 
-/// Computes the desired state, with the cluster's NVIDIADriver resources:
-/// when the policy sets `driver.useNvidiaDriverCRD`, GPU nodes are routed
-/// to them (the owner label) and each accepted resource renders the driver
-/// DaemonSets of its nodes; each gets a status either way. Pure.
+/// Cluster resources besides the ClusterPolicy that the desired state reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Related<'a> {
+    /// Every NVIDIADriver.
+    pub nvidia_drivers: &'a [NvidiaDriver],
+    /// Every MigConfig.
+    pub mig_configs: &'a [MigConfig],
+}
+
+/// Computes the desired state, with the cluster's NVIDIADrivers and
+/// MigConfigs. When the policy sets `driver.useNvidiaDriverCRD`, GPU nodes
+/// are routed to NVIDIADrivers (the owner label) and each accepted one
+/// renders the driver DaemonSets of its nodes. MigConfigs add generated
+/// configs to the mig-parted ConfigMap and set `nvidia.com/mig.config` on
+/// their nodes. Each resource gets a status either way. Pure.
 pub fn desired_state_with(
     policy: &ClusterPolicy,
     nodes: &[impl NodeMeta],
     current: &[Object],
-    drivers: &[NvidiaDriver],
+    related: &Related<'_>,
     opts: &Options,
 ) -> Desired {
+    let drivers = related.nvidia_drivers;
     let spec = &policy.spec;
     let mut status = ClusterPolicyStatus {
         state: state::NOT_READY.into(),
@@ -379,6 +404,7 @@ pub fn desired_state_with(
             driver: DriverPlan::default(),
             nvidia_drivers: None,
             nvidia_driver_status: BTreeMap::new(),
+            mig_config_status: BTreeMap::new(),
             unchanged: current.len(),
         };
     }
@@ -460,6 +486,24 @@ pub fn desired_state_with(
         }
         nvidiadrivers::merge_refusals(plan, &mut driver);
     }
+    let mig = migconfigs::plan(
+        policy,
+        related.mig_configs,
+        &gpu_nodes
+            .iter()
+            .filter(|i| !facts[**i].operands_disabled)
+            .map(|i| (&effective[*i].0, effective[*i].1.as_ref()))
+            .collect::<Vec<_>>(),
+        current,
+        &opts.namespace,
+    );
+    for (name, patch) in &mig.labels {
+        node_labels
+            .entry(name.clone())
+            .or_insert_with(LabelPatch::new)
+            .extend(patch.clone());
+    }
+
     // Objects.
     let ctx = RenderContext {
         policy,
@@ -503,7 +547,7 @@ pub fn desired_state_with(
                 .and_then(|c| c.name.as_deref())
                 .is_none_or(|n| n.is_empty() || n == "default-mig-parted-config")
         {
-            objects.push(render::mig_parted_config(&ctx));
+            objects.push(render::mig_parted_config_with(&ctx, &mig.generated));
         }
     }
 
@@ -662,6 +706,7 @@ pub fn desired_state_with(
         driver,
         nvidia_drivers: drivers_plan,
         nvidia_driver_status,
+        mig_config_status: mig.statuses,
         unchanged,
     }
 }

@@ -26,6 +26,9 @@ use crate::clusterpolicy::{ClusterPolicy, ClusterPolicySpec, ComponentSpec, Driv
 use crate::operator::nvidiadriver::NvidiaDriver;
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
 
+/// The key of the mig-parted file in its ConfigMap.
+pub const MIG_PARTED_CONFIG_KEY: &str = "config.yaml";
+
 /// The default mig-parted configuration shipped as the
 /// `default-mig-parted-config` ConfigMap.
 pub const DEFAULT_MIG_PARTED_CONFIG: &str = gpu_stack_core::migparted::DEFAULT_CONFIG_YAML;
@@ -241,6 +244,12 @@ pub fn rbac(ctx: &RenderContext, c: Component) -> Vec<Object> {
 
 /// The default mig-parted config ConfigMap.
 pub fn mig_parted_config(ctx: &RenderContext) -> Object {
+    mig_parted_config_with(ctx, "")
+}
+
+/// The mig-parted ConfigMap with `generated` (mig-parted configs as YAML
+/// lines under `mig-configs:`, from MigConfigs) after the shipped file.
+pub fn mig_parted_config_with(ctx: &RenderContext, generated: &str) -> Object {
     Object::ConfigMap(ConfigMap {
         metadata: ctx.meta(
             &ctx.spec().mig_config_name(),
@@ -249,8 +258,8 @@ pub fn mig_parted_config(ctx: &RenderContext) -> Object {
         ),
         data: Some(
             [(
-                "config.yaml".to_string(),
-                DEFAULT_MIG_PARTED_CONFIG.to_string(),
+                MIG_PARTED_CONFIG_KEY.to_string(),
+                format!("{DEFAULT_MIG_PARTED_CONFIG}{generated}"),
             )]
             .into(),
         ),

@@ -31,6 +31,9 @@ pub const PROFILE_PATTERN: &str = r"^([1-9][0-9]?c\.)?[1-9][0-9]?g\.[1-9][0-9]{0
 pub const MAX_LAYOUTS: u32 = 32;
 
 /// Spec of a MigConfig.
+// Three integer print columns repeat `type_ = "integer"`, which the lint
+// takes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "gpustack.io",
