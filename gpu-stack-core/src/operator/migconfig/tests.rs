@@ -61,7 +61,10 @@ fn generated_entries_read_back_from_the_file_the_mig_manager_gets() {
     );
     let entry = generate(&c, &shipped()).unwrap();
     assert_eq!(entry.name, "gpustack-mixed");
-    let text = format!("{DEFAULT_CONFIG_YAML}{}", entries_yaml(std::slice::from_ref(&entry)));
+    let text = format!(
+        "{DEFAULT_CONFIG_YAML}{}",
+        entries_yaml(std::slice::from_ref(&entry))
+    );
     let back = MigPartedConfig::from_yaml(&text).unwrap();
     assert_eq!(back.get("gpustack-mixed"), Some(&entry));
     // The shipped configs are all still there.
