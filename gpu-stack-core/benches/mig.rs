@@ -1,11 +1,13 @@
-//! MIG engine benchmarks: validation, maximal-layout enumeration, fleet planning.
+//! MIG engine benchmarks: validation, maximal-layout enumeration, fleet planning
+//! (a mixed A100/H100 fleet and an all-H100 one, 10,000 GPUs each).
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gpu_stack_core::catalog;
 use gpu_stack_core::mig::{
-    FleetGpu, enumerate_maximal_layouts, fit, parse_demand, parse_layout, plan_fleet, validate,
+    FleetGpu, PlacedInstance, enumerate_maximal_layouts, fit, parse_demand, parse_layout,
+    plan_fleet, validate,
 };
 
 fn benches(c: &mut Criterion) {
@@ -65,6 +67,51 @@ fn benches(c: &mut Criterion) {
     group.bench_function("plan 10,000 GPUs mixed demand", |b| {
         b.iter(|| plan_fleet(black_box(&gpus), black_box(&demand)).unwrap())
     });
+
+    // 10,000 H100-80GB (1,250 nodes x 8): layouts as a cluster accumulates
+    // them (seven 1g, 3g+3g, 4g+2g+1g, one 7g, 2g+2g+2g+1g, or none), about
+    // two in five instances in use, and demand over six profiles near the
+    // fleet's 70,000 compute slices.
+    let h100_layouts: Vec<Vec<PlacedInstance>> = [
+        "1g.10gb@0,1g.10gb@1,1g.10gb@2,1g.10gb@3,1g.10gb@4,1g.10gb@5,1g.10gb@6",
+        "3g.40gb@0,3g.40gb@4",
+        "4g.40gb@0,2g.20gb@4,1g.10gb@6",
+        "7g.80gb@0",
+        "2g.20gb@0,2g.20gb@2,2g.20gb@4,1g.10gb@6",
+        "",
+    ]
+    .iter()
+    .map(|s| parse_layout(s).unwrap())
+    .collect();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        seed >> 33
+    };
+    let h100_fleet: Vec<FleetGpu<'static>> = (0..1_250)
+        .flat_map(|node| (0..8).map(move |gpu| (node, gpu)))
+        .map(|(node, gpu)| {
+            let current = h100_layouts[next() as usize % h100_layouts.len()].clone();
+            let in_use = current.iter().filter(|_| next() % 5 < 2).cloned().collect();
+            FleetGpu {
+                id: format!("node-{node}/gpu{gpu}"),
+                geometry: h100,
+                mig_enabled: true,
+                current,
+                in_use,
+            }
+        })
+        .collect();
+    let h100_demand = parse_demand(
+        "1g.10gb=21000,1g.20gb=3000,2g.20gb=4000,3g.40gb=5000,4g.40gb=1000,7g.80gb=1500",
+    )
+    .unwrap();
+    group.bench_function(
+        "plan 10,000 H100 GPUs (1,250 nodes x 8) mixed demand",
+        |b| b.iter(|| plan_fleet(black_box(&h100_fleet), black_box(&h100_demand)).unwrap()),
+    );
     group.finish();
 }
 
