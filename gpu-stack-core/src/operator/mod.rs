@@ -8,6 +8,8 @@
 //!   pools, and GPU × driver-branch compatibility.
 //! - [`migconfig`]: MigConfig layouts turned into the MIG manager's label
 //!   and mig-parted config, with a per-node verdict.
+//! - [`migdemand`]: demand-driven MIG, which nodes change layout for the
+//!   MIG instances pending pods ask for.
 //! - [`nvidiadriver`]: NVIDIADriver routing (which resource owns each GPU
 //!   node's driver) and its validation.
 //! - [`validation`]: the per-node validator's checks and the status files it writes.
@@ -20,6 +22,7 @@ pub mod components;
 pub mod driver;
 pub mod labels;
 pub mod migconfig;
+pub mod migdemand;
 pub mod nvidiadriver;
 pub mod upgrade;
 pub mod validation;
