@@ -684,6 +684,12 @@ pub struct DriverPodObservation {
     /// A container is not Ready and restarted more than
     /// [`DRIVER_POD_FAILING_RESTARTS`] times.
     pub failing: bool,
+    /// The node has no driver pod right now: the old one is gone and the
+    /// DaemonSet has not created the new one yet (the other fields are
+    /// empty). Only a node mid-upgrade is observed like this; it holds its
+    /// state, and still counts against the budget, until the pod is back.
+    #[serde(default)]
+    pub missing: bool,
 }
 
 impl DriverPodObservation {
@@ -1347,6 +1353,11 @@ pub fn plan_pass(
         let from = n.marks.state;
         let step = if !policy.auto_upgrade {
             Step::to(UpgradeState::Unknown, "autoUpgrade is off")
+        } else if n.driver_pod.missing && from.in_progress() {
+            Step::to(
+                from,
+                "waiting for the driver DaemonSet to create the node's driver pod",
+            )
         } else {
             match from {
                 UpgradeState::Unknown | UpgradeState::Done => step_done_or_unknown(n),
@@ -1489,7 +1500,11 @@ pub struct StuckNode {
 /// this pass would not move on, with what they wait for. Time in state comes
 /// from [`STATE_START_TIME_ANNOTATION`], or NVIDIA's wait-for-completion and
 /// validation start times; nodes with neither are not reported. Nodes at
-/// rest (unknown, done) are never stuck.
+/// rest (unknown, done) are never stuck, and neither is a node in
+/// `upgrade-required` that is Ready (it waits for an upgrade slot: the
+/// policy's own pacing, which on a large cluster lasts most of the rollout)
+/// or that carries the skip label. A NotReady node in `upgrade-required` is
+/// reported: its upgrade cannot start until the node is back.
 pub fn stuck_nodes(
     nodes: &[NodeObservation],
     policy: &UpgradePolicy,
@@ -1502,6 +1517,9 @@ pub fn stuck_nodes(
     for n in nodes {
         let state = n.marks.state;
         if matches!(state, UpgradeState::Unknown | UpgradeState::Done) || !policy.auto_upgrade {
+            continue;
+        }
+        if state == UpgradeState::UpgradeRequired && (n.node_ready || n.marks.skip) {
             continue;
         }
         let Some(d) = plan.decision(&n.name) else {

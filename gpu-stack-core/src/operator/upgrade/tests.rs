@@ -305,6 +305,7 @@ fn node(name: &str, state: UpgradeState, in_sync: bool) -> NodeObservation {
             ready: true,
             terminating: false,
             failing: false,
+            missing: false,
         },
         validator: ValidatorStatus::Ready,
         gpu_pods: vec![],
@@ -700,6 +701,74 @@ fn stuck_detector_names_what_a_node_waits_for() {
     assert!(stuck.is_empty(), "no start time known: {stuck:?}");
 }
 
+#[test]
+fn nodes_queued_for_a_slot_are_not_stuck_but_a_not_ready_one_is() {
+    let mut p = on();
+    p.max_unavailable = IntOrString::Int(1);
+    let queued = |name: &str| {
+        let mut n = node(name, UpgradeState::UpgradeRequired, false);
+        n.marks.state_since = Some((UpgradeState::UpgradeRequired, 0));
+        n
+    };
+    // "a" holds the only slot; "b" waits for it; "c" is skipped; "d" is NotReady.
+    let mut a = node("a", UpgradeState::PodDeletionRequired, false);
+    a.unschedulable = true;
+    a.gpu_pods = vec![pod("train-0")];
+    a.marks.state_since = Some((UpgradeState::PodDeletionRequired, 0));
+    p.pod_deletion.timeout_seconds = 0;
+    let b = queued("b");
+    let mut c = queued("c");
+    c.marks.skip = true;
+    let mut d = queued("d");
+    d.node_ready = false;
+    let stuck = stuck_nodes(&[a, b, c, d], &p, 3600, 1800, &PassOptions::default()).unwrap();
+    let names: Vec<&str> = stuck.iter().map(|s| s.node.as_str()).collect();
+    assert_eq!(names, ["a", "d"], "{stuck:?}");
+    assert!(stuck[0].waiting_for.contains("default/train-0"));
+    assert_eq!(stuck[1].state, UpgradeState::UpgradeRequired);
+    assert!(stuck[1].waiting_for.contains("NotReady"), "{stuck:?}");
+}
+
+#[test]
+fn a_node_mid_upgrade_without_a_driver_pod_holds_and_keeps_its_slot() {
+    let mut p = on();
+    p.max_unavailable = IntOrString::Int(1);
+    // "a" had its old driver pod deleted; the DaemonSet has not created the
+    // new one yet.
+    let mut a = node("a", UpgradeState::PodRestartRequired, false);
+    a.unschedulable = true;
+    a.driver_pod = DriverPodObservation {
+        missing: true,
+        ..DriverPodObservation::default()
+    };
+    let b = node("b", UpgradeState::UpgradeRequired, false);
+    let plan = plan_pass(&[a.clone(), b], &p, 0, &PassOptions::default()).unwrap();
+    assert_eq!(plan.counts.unavailable, 1);
+    assert_eq!(plan.counts.in_progress, 1);
+    let da = plan.decision("a").unwrap();
+    assert_eq!(da.next, UpgradeState::PodRestartRequired);
+    assert!(
+        !has(da, |x| matches!(x, UpgradeAction::DeleteDriverPod { .. })),
+        "{da:?}"
+    );
+    assert!(da.reason.contains("create the node's driver pod"));
+    assert_eq!(
+        plan.decision("b").unwrap().next,
+        UpgradeState::UpgradeRequired
+    );
+    // Every in-progress state holds the same way.
+    for state in [
+        UpgradeState::CordonRequired,
+        UpgradeState::PodDeletionRequired,
+        UpgradeState::ValidationRequired,
+        UpgradeState::UncordonRequired,
+        UpgradeState::Failed,
+    ] {
+        a.marks.state = state;
+        assert_eq!(pass1(&a, &p, 0).next, state, "{state:?}");
+    }
+}
+
 // ---- the simulated world ----
 
 /// One node of the simulated cluster: what the API server holds, plus how
@@ -747,6 +816,7 @@ impl SimNode {
                 ready: self.pod_ready,
                 terminating: self.pod_terminating,
                 failing: false,
+                missing: false,
             },
             validator: if self.pod_ready && self.validator_warmup == 0 {
                 ValidatorStatus::Ready

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_stack_core::operator::upgrade::{
     DRIVER_POD_FAILING_RESTARTS, DriverPodObservation, LabelSelector, NodeObservation, PodRef,
-    UpgradeMarks, UpgradePolicy, UpgradeState, ValidatorStatus,
+    STATE_LABEL, UpgradeMarks, UpgradePolicy, UpgradeState, ValidatorStatus,
 };
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -151,6 +151,7 @@ fn driver_observation(pod: &Pod, revisions: &BTreeMap<String, String>) -> Driver
         ready: pod_ready(pod),
         terminating: pod.metadata.deletion_timestamp.is_some(),
         failing: pod_failing(pod),
+        missing: false,
     }
 }
 
@@ -329,8 +330,9 @@ pub struct Observed {
     pub driver_pods: BTreeMap<String, BTreeSet<String>>,
 }
 
-/// Observations of every node that runs a pod of a driver DaemonSet,
-/// without their workload pods (see [`needs_node_pods`] and [`sort_node_pods`]).
+/// Observations of every node that runs a pod of a driver DaemonSet, and
+/// of every node mid-upgrade whose driver pod is being replaced, without
+/// their workload pods (see [`needs_node_pods`] and [`sort_node_pods`]).
 pub fn observe_nodes(
     nodes: &[Node],
     revisions: &BTreeMap<String, String>,
@@ -356,10 +358,13 @@ pub fn observe_nodes(
     let empty = BTreeMap::new();
     for node in nodes {
         let name = node.name_any();
-        let Some(pod) = by_node.get(name.as_str()) else {
-            continue;
-        };
+        let pod = by_node.get(name.as_str());
         let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+        // A node without a driver pod is not managed, unless it is mid-upgrade
+        // (see below): skip the rest before reading its marks.
+        if pod.is_none() && !labels.contains_key(STATE_LABEL) {
+            continue;
+        }
         let annotations = node.metadata.annotations.as_ref().unwrap_or(&empty);
         let marks = match UpgradeMarks::read(labels, annotations) {
             Ok(m) => m,
@@ -367,6 +372,19 @@ pub fn observe_nodes(
                 out.skipped.push((name, e.to_string()));
                 continue;
             }
+        };
+        // Between the deletion of its old driver pod and the DaemonSet
+        // creating the new one, a node mid-upgrade has no driver pod. It is
+        // still cordoned and still holds its upgrade slot: left out, it would
+        // not count against maxUnavailable and its slot would go to another
+        // node. It is observed with a missing pod, which holds its state.
+        let driver_pod = match pod {
+            Some(pod) => driver_observation(pod, revisions),
+            None if marks.state.in_progress() => DriverPodObservation {
+                missing: true,
+                ..DriverPodObservation::default()
+            },
+            None => continue,
         };
         out.nodes.push(NodeObservation {
             marks,
@@ -376,7 +394,7 @@ pub fn observe_nodes(
                 .as_ref()
                 .and_then(|s| s.unschedulable)
                 .unwrap_or(false),
-            driver_pod: driver_observation(pod, revisions),
+            driver_pod,
             validator: validator_status(
                 validators.get(name.as_str()).map_or(&[][..], Vec::as_slice),
             ),
@@ -388,4 +406,38 @@ pub fn observe_nodes(
     }
     out.nodes.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+#[cfg(test)]
+mod missing_pod_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(name: &str, state: Option<&str>, unschedulable: bool) -> Node {
+        let mut labels = serde_json::Map::new();
+        if let Some(s) = state {
+            labels.insert(STATE_LABEL.into(), json!(s));
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"unschedulable": unschedulable},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_node_mid_upgrade_without_a_driver_pod_is_observed_with_a_missing_pod() {
+        let nodes = [
+            node("restarting", Some("pod-restart-required"), true),
+            node("done", Some("upgrade-done"), false),
+            node("cpu", None, false),
+        ];
+        let observed = observe_nodes(&nodes, &BTreeMap::new(), &[], &[]);
+        let names: Vec<&str> = observed.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["restarting"]);
+        let n = &observed.nodes[0];
+        assert!(n.driver_pod.missing && n.unschedulable);
+        assert_eq!(n.marks.state, UpgradeState::PodRestartRequired);
+        assert!(observed.skipped.is_empty());
+    }
 }
