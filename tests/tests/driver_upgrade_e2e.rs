@@ -7,244 +7,56 @@
 //! The operator runs as a process with the chart's ServiceAccount and RBAC.
 //! The ClusterPolicy is a cluster-wide singleton: this test and
 //! `operator_e2e` must not run against the same cluster at the same time.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Result, anyhow, ensure};
 use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::chart::{apply_crd, chart_kubeconfig, delete_applied, install_chart_rbac};
+use gpu_stack_e2e::upgrade::{
+    LONG, OperatorProcess, apply_objects, apply_policy, driver_pods, driver_revisions, fleet_nodes,
+    force_delete_policy, gpu_deployment, pod_disruption_budget, policy, policy_spec, running_pods,
+    state_of, unschedulable,
+};
 use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
-use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
-use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 /// GPU nodes in the fleet.
 const NODES: usize = 50;
 /// `maxUnavailable: 20%` of [`NODES`], rounded up.
 const BUDGET: usize = NODES.div_ceil(5);
-const LONG: Duration = Duration::from_secs(120);
 const ROLLOUT: Duration = Duration::from_secs(600);
-const STATE_LABEL: &str = "nvidia.com/gpu-driver-upgrade-state";
-const DRIVER_SELECTOR: &str = "nvidia.com/gpu-stack.component=driver";
 
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-async fn apply_policy(client: &Client, spec: serde_json::Value) -> Result<()> {
-    let body = serde_json::json!({
-        "apiVersion": "nvidia.com/v1",
-        "kind": "ClusterPolicy",
-        "metadata": { "name": "cluster-policy" },
-        "spec": spec,
-    });
-    Api::<ClusterPolicy>::all(client.clone())
-        .patch(
-            "cluster-policy",
-            &PatchParams::apply("gpu-stack-e2e").force(),
-            &Patch::Apply(&body),
-        )
-        .await?;
-    Ok(())
-}
-
-fn policy_spec(version: &str) -> serde_json::Value {
-    serde_json::json!({
-        "driver": {
-            "enabled": true,
-            "version": version,
-            "upgradePolicy": {
-                "autoUpgrade": true,
-                "maxUnavailable": "20%",
-                "maxParallelUpgrades": 0,
-            },
-        },
-        "dcgmExporter": { "enabled": false },
-        "migManager": { "enabled": false },
-    })
-}
-
-async fn force_delete_policy(client: &Client) -> Result<()> {
-    let api = Api::<ClusterPolicy>::all(client.clone());
-    if api.get_opt("cluster-policy").await?.is_none() {
-        return Ok(());
-    }
-    let _ = api.delete("cluster-policy", &DeleteParams::default()).await;
-    let _ = api
-        .patch_metadata(
-            "cluster-policy",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await;
-    wait_for("leftover ClusterPolicy gone", LONG, || async {
-        Ok(api.get_opt("cluster-policy").await?.is_none().then_some(()))
-    })
-    .await?;
-    Ok(())
-}
-
-/// The newest revision hash of each driver DaemonSet, by DaemonSet uid.
-async fn driver_revisions(
-    client: &Client,
-    ns: &str,
-) -> Result<BTreeMap<String, String>, kube::Error> {
-    let sets = Api::<DaemonSet>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(DRIVER_SELECTOR))
-        .await?
-        .items;
-    let revs = Api::<ControllerRevision>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(DRIVER_SELECTOR))
-        .await?
-        .items;
-    let mut out = BTreeMap::new();
-    for ds in sets {
-        let uid = ds.uid().unwrap_or_default();
-        if let Some(hash) = revs
-            .iter()
-            .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
-            .max_by_key(|r| r.revision)
-            .and_then(|r| r.labels().get("controller-revision-hash").cloned())
-        {
-            out.insert(uid, hash);
-        }
-    }
-    Ok(out)
-}
-
-/// Driver pods (not terminating) on this test's nodes: node -> (revision, ready, in sync).
-async fn driver_pods(
-    client: &Client,
-    ns: &str,
-    prefix: &str,
-) -> Result<BTreeMap<String, bool>, kube::Error> {
-    let revs = driver_revisions(client, ns).await?;
-    let pods = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(DRIVER_SELECTOR))
-        .await?
-        .items;
-    let mut out = BTreeMap::new();
-    for p in pods {
-        if p.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-            continue;
-        };
-        if !node.starts_with(prefix) {
-            continue;
-        }
-        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-        let owner = p
-            .owner_references()
-            .iter()
-            .find(|o| o.kind == "DaemonSet")
-            .map(|o| o.uid.clone())
-            .unwrap_or_default();
-        let in_sync = revs.get(&owner) == p.labels().get("controller-revision-hash");
-        out.insert(node, running && in_sync);
-    }
-    Ok(out)
-}
-
-async fn fleet_nodes(client: &Client, selector: &str) -> Result<Vec<Node>, kube::Error> {
-    Ok(Api::<Node>::all(client.clone())
-        .list(&ListParams::default().labels(selector))
-        .await?
-        .items)
-}
-
-fn state_of(n: &Node) -> &str {
-    n.labels().get(STATE_LABEL).map_or("", String::as_str)
-}
-
-fn unschedulable(n: &Node) -> bool {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false)
+fn spec(version: &str) -> serde_json::Value {
+    policy_spec(version, "20%", serde_json::json!({}))
 }
 
 /// A Deployment of `NODES` GPU pods on the fleet and a PodDisruptionBudget over them.
 async fn create_workload(admin: &Client, ns: &str, fleet_label: &str, fleet: &str) -> Result<()> {
-    let deploy: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "trainer", "namespace": ns},
-        "spec": {
-            "replicas": NODES,
-            "selector": {"matchLabels": {"app": "trainer"}},
-            "template": {
-                "metadata": {"labels": {"app": "trainer"}},
-                "spec": {
-                    "nodeSelector": {fleet_label: fleet},
-                    "topologySpreadConstraints": [{
-                        "maxSkew": 1,
-                        "topologyKey": "kubernetes.io/hostname",
-                        "whenUnsatisfiable": "ScheduleAnyway",
-                        "labelSelector": {"matchLabels": {"app": "trainer"}},
-                    }],
-                    "containers": [{
-                        "name": "train",
-                        "image": "registry.example.com/trainer:1",
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                    }],
-                },
-            },
-        },
-    }))?;
-    let pdb: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": "trainer", "namespace": ns},
-        "spec": {"maxUnavailable": 5, "selector": {"matchLabels": {"app": "trainer"}}},
-    }))?;
-    for (obj, group, version, kind) in [
-        (&deploy, "apps", "v1", "Deployment"),
-        (&pdb, "policy", "v1", "PodDisruptionBudget"),
-    ] {
-        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
-        Api::<DynamicObject>::namespaced_with(admin.clone(), ns, &ar)
-            .patch(
-                &obj.name_any(),
-                &PatchParams::apply("gpu-stack-e2e").force(),
-                &Patch::Apply(obj),
-            )
-            .await
-            .with_context(|| format!("creating {kind}"))?;
-    }
-    Ok(())
-}
-
-async fn running_workload(admin: &Client, ns: &str) -> Result<BTreeSet<String>, kube::Error> {
-    Ok(Api::<Pod>::namespaced(admin.clone(), ns)
-        .list(&ListParams::default().labels("app=trainer"))
-        .await?
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .map(|p| p.name_any())
-        .collect())
+    apply_objects(
+        admin,
+        ns,
+        &[
+            gpu_deployment(
+                "trainer",
+                ns,
+                NODES,
+                serde_json::json!({fleet_label: fleet}),
+            ),
+            pod_disruption_budget(
+                "trainer",
+                ns,
+                "trainer",
+                serde_json::json!({"maxUnavailable": 5}),
+            ),
+        ],
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,21 +119,8 @@ async fn rollout(
             &GpuFleet::new(format!("{prefix}-gpu"), NODES).with_label("upg-fleet", prefix),
         )
         .await?;
-    let listen = format!("127.0.0.1:{}", free_port()?);
-    let _operator = Operator(
-        Command::new(bin)
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--namespace={namespace}"))
-            .arg("--identity=upgrade-e2e")
-            .arg(format!("--listen={listen}"))
-            .arg(format!("--lease-name=gpu-stack-upg-{namespace}"))
-            .env("RUST_LOG", "info,kube=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?,
-    );
-    apply_policy(admin, policy_spec("550.54.15")).await?;
+    let _operator = OperatorProcess::start(bin, kubeconfig, namespace, "upgrade-e2e", &[])?;
+    apply_policy(admin, spec("550.54.15")).await?;
     wait_for(
         "a driver pod in sync on every node, every node upgrade-done",
         ROLLOUT,
@@ -337,7 +136,7 @@ async fn rollout(
     .await?;
     create_workload(admin, workload_ns, "upg-fleet", prefix).await?;
     let before = wait_for("the GPU workload running", LONG, || async {
-        let running = running_workload(admin, workload_ns).await?;
+        let running = running_pods(admin, workload_ns, "app=trainer").await?;
         Ok((running.len() == NODES).then_some(running))
     })
     .await?;
@@ -360,7 +159,7 @@ async fn rollout(
     };
     let old_revisions = driver_revisions(admin, namespace).await?;
     let started = Instant::now();
-    apply_policy(admin, policy_spec("570.124.06")).await?;
+    apply_policy(admin, spec("570.124.06")).await?;
     wait_for("the driver DaemonSet at a new revision", LONG, || async {
         let now = driver_revisions(admin, namespace).await?;
         Ok((!now.is_empty() && now != old_revisions).then_some(()))
@@ -409,7 +208,7 @@ async fn rollout(
         "no node was ever seen cordoned: the sampler missed the rollout"
     );
     let after = wait_for("the GPU workload running again", LONG, || async {
-        let running = running_workload(admin, workload_ns).await?;
+        let running = running_pods(admin, workload_ns, "app=trainer").await?;
         Ok((running.len() == NODES).then_some(running))
     })
     .await?;
@@ -418,10 +217,9 @@ async fn rollout(
         evicted == NODES,
         "only {evicted} of {NODES} workload pods were evicted (every node ran one)"
     );
-    let policy = Api::<ClusterPolicy>::all(admin.clone())
-        .get("cluster-policy")
-        .await?;
-    let progress = policy
+    let progress = policy(admin)
+        .await?
+        .ok_or_else(|| anyhow!("no ClusterPolicy"))?
         .status
         .and_then(|s| s.driver_upgrade)
         .ok_or_else(|| anyhow!("no status.driverUpgrade"))?;
