@@ -4,30 +4,14 @@
 //! or conflicting MigConfigs without touching a node, and leaves the layout
 //! when a MigConfig is deleted.
 use futures::executor::block_on;
-use gpu_stack_core::fleet::Fleet;
 use gpu_stack_core::migmanager::labels::MIG_CONFIG_STATE_LABEL;
 use gpu_stack_core::migparted::MigPartedConfig;
 use gpu_stack_core::operator::labels::{LabelPatch, MIG_CONFIG};
-use gpu_stack_k8s::cluster::fleet::nodes_from_fleet;
 use gpu_stack_k8s::cluster::{Cluster, InMemoryCluster, Object};
-use gpu_stack_k8s::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
 use gpu_stack_k8s::operator::Operator;
 use gpu_stack_k8s::operator::migconfig::{MigConfig, MigConfigStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-const MIXED: &str = include_str!("../../examples/fleets/mixed.yaml");
-
-fn policy(spec: serde_json::Value) -> ClusterPolicy {
-    let spec: ClusterPolicySpec = serde_json::from_value(spec).unwrap();
-    let mut p = ClusterPolicy::new("cluster-policy", spec);
-    p.metadata = ObjectMeta {
-        name: Some("cluster-policy".into()),
-        uid: Some("uid-cluster-policy".into()),
-        generation: Some(1),
-        ..Default::default()
-    };
-    p
-}
+mod common;
 
 fn mig_config(name: &str, spec: serde_json::Value) -> MigConfig {
     serde_json::from_value(serde_json::json!({
@@ -41,19 +25,7 @@ fn mig_config(name: &str, spec: serde_json::Value) -> MigConfig {
 
 /// The mixed fleet with its A100 and H100 nodes labelled `pool=mig`.
 fn operator(policy_spec: serde_json::Value) -> Operator<InMemoryCluster> {
-    let cluster = InMemoryCluster::new();
-    for mut n in nodes_from_fleet(&Fleet::from_yaml(MIXED).unwrap()) {
-        let name = n.metadata.name.clone().unwrap();
-        if name.starts_with("dgx-") || name.starts_with("hgx-") {
-            n.metadata
-                .labels
-                .get_or_insert_with(Default::default)
-                .insert("pool".into(), "mig".into());
-        }
-        cluster.upsert_node(n);
-    }
-    cluster.upsert_policy(policy(policy_spec));
-    Operator::new(cluster)
+    Operator::new(common::mixed_cluster("mig", policy_spec))
 }
 
 fn inference() -> MigConfig {

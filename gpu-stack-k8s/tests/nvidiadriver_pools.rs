@@ -3,29 +3,17 @@
 //! resources changing nothing, deletion removing a resource's DaemonSets,
 //! and the switch from the ClusterPolicy's own driver.
 use futures::executor::block_on;
-use gpu_stack_core::fleet::Fleet;
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
-use gpu_stack_k8s::cluster::fleet::nodes_from_fleet;
 use gpu_stack_k8s::cluster::{InMemoryCluster, Object};
-use gpu_stack_k8s::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
+use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
 use gpu_stack_k8s::desired::render::NVIDIA_DRIVER_LABEL;
 use gpu_stack_k8s::operator::Operator;
 use gpu_stack_k8s::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverState};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-const MIXED: &str = include_str!("../../examples/fleets/mixed.yaml");
+mod common;
 
 fn policy(crd: bool) -> ClusterPolicy {
-    let spec: ClusterPolicySpec =
-        serde_json::from_value(serde_json::json!({"driver": {"useNvidiaDriverCRD": crd}})).unwrap();
-    let mut p = ClusterPolicy::new("cluster-policy", spec);
-    p.metadata = ObjectMeta {
-        name: Some("cluster-policy".into()),
-        uid: Some("uid-cluster-policy".into()),
-        generation: Some(1),
-        ..Default::default()
-    };
-    p
+    common::policy(serde_json::json!({"driver": {"useNvidiaDriverCRD": crd}}))
 }
 
 fn driver(name: &str, spec: serde_json::Value) -> NvidiaDriver {
@@ -40,19 +28,10 @@ fn driver(name: &str, spec: serde_json::Value) -> NvidiaDriver {
 
 /// The mixed fleet, with the A100 and H100 nodes labelled `pool=training`.
 fn cluster(crd: bool) -> InMemoryCluster {
-    let cluster = InMemoryCluster::new();
-    for mut n in nodes_from_fleet(&Fleet::from_yaml(MIXED).unwrap()) {
-        let name = n.metadata.name.clone().unwrap();
-        if name.starts_with("dgx-") || name.starts_with("hgx-") {
-            n.metadata
-                .labels
-                .get_or_insert_with(Default::default)
-                .insert("pool".into(), "training".into());
-        }
-        cluster.upsert_node(n);
-    }
-    cluster.upsert_policy(policy(crd));
-    cluster
+    common::mixed_cluster(
+        "training",
+        serde_json::json!({"driver": {"useNvidiaDriverCRD": crd}}),
+    )
 }
 
 /// Driver DaemonSets: (name, image, owner-label value in the node selector).

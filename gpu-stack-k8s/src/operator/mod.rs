@@ -21,6 +21,35 @@ pub mod migconfig;
 pub mod nvidiadriver;
 pub mod upgrade;
 
+/// Committed files the unit tests compare with what the code generates.
+#[cfg(test)]
+pub(crate) mod committed {
+    use std::path::PathBuf;
+
+    /// Asserts that `deploy/<relative>` holds `actual`; `GPU_STACK_BLESS=1`
+    /// rewrites it instead.
+    pub fn check(relative: &str, actual: &str) {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy")
+            .join(relative);
+        if std::env::var_os("GPU_STACK_BLESS").is_some() {
+            std::fs::write(&path, actual).unwrap();
+            return;
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; run with GPU_STACK_BLESS=1 to create it",
+                path.display()
+            )
+        });
+        assert!(
+            expected == actual,
+            "{} is out of date; run with GPU_STACK_BLESS=1 and review the diff.\n--- actual ---\n{actual}",
+            path.display()
+        );
+    }
+}
+
 use std::collections::BTreeMap;
 
 use futures::{Stream, StreamExt, TryStreamExt};

@@ -1,5 +1,3 @@
-use std::path::PathBuf;
-
 use gpu_stack_core::operator::migconfig::{LayoutSource, generate};
 
 use super::*;
@@ -60,29 +58,9 @@ fn what_admission_would_refuse_is_named_by_the_operator_too() {
     assert!(p[1].contains("layouts[1]: set exactly one of"));
 }
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// The committed CRD (deploy/crds, copied into the chart) is what the types
 /// generate; `GPU_STACK_BLESS=1` rewrites it.
 #[test]
 fn crd_is_up_to_date() {
-    let yaml = crd_yaml().unwrap();
-    let path = root().join("../deploy/crds/gpustack.io_migconfigs.yaml");
-    if std::env::var_os("GPU_STACK_BLESS").is_some() {
-        std::fs::write(&path, &yaml).unwrap();
-        return;
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; run with GPU_STACK_BLESS=1 to create it",
-            path.display()
-        )
-    });
-    assert!(
-        expected == yaml,
-        "{} is out of date; run with GPU_STACK_BLESS=1 and review the diff.\n--- actual ---\n{yaml}",
-        path.display()
-    );
+    crate::operator::committed::check("crds/gpustack.io_migconfigs.yaml", &crd_yaml().unwrap());
 }

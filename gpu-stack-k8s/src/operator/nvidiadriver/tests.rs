@@ -1,5 +1,3 @@
-use std::path::PathBuf;
-
 use gpu_stack_core::operator::driver::DriverNode;
 use gpu_stack_core::operator::labels::Labels;
 use gpu_stack_core::operator::nvidiadriver::{OWNER_LABEL, route, validate};
@@ -66,10 +64,6 @@ spec:
   hostNetwork: false
   futureField: 1
 "#;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 #[test]
 fn nvidia_document_deserializes_and_round_trips() {
@@ -343,23 +337,7 @@ fn crd_has_nvidia_names_rules_and_columns() {
 /// generate; `GPU_STACK_BLESS=1` rewrites it.
 #[test]
 fn crd_is_up_to_date() {
-    let yaml = crd_yaml().unwrap();
-    let path = root().join("../deploy/crds/nvidia.com_nvidiadrivers.yaml");
-    if std::env::var_os("GPU_STACK_BLESS").is_some() {
-        std::fs::write(&path, &yaml).unwrap();
-        return;
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; run with GPU_STACK_BLESS=1 to create it",
-            path.display()
-        )
-    });
-    assert!(
-        expected == yaml,
-        "{} is out of date; run with GPU_STACK_BLESS=1 and review the diff.\n--- actual ---\n{yaml}",
-        path.display()
-    );
+    crate::operator::committed::check("crds/nvidia.com_nvidiadrivers.yaml", &crd_yaml().unwrap());
 }
 
 #[test]
