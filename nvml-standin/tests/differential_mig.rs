@@ -425,3 +425,59 @@ fn h200_mig_parted_and_ours_agree() {
     // 1g.5gb is a profile of the 40 GB A100.
     lacking_profile(&bench, "all-1g.5gb", "1g.5gb");
 }
+
+/// Every config of the shipped file that fits the node's GPU model, in file
+/// order, each one a transition from the one before: NVIDIA's and our
+/// `apply` alternate, the other side's `assert` passes after each, and both
+/// exports mean the same. Configs that do not fit the model are the
+/// `lacking_profile` difference above.
+fn every_fitting_config(fleet_name: &str) {
+    use gpu_stack_core::migparted::{CheckStatus, check};
+    let Some(bench) = Bench::new(fleet_name) else {
+        return;
+    };
+    let text = std::fs::read_to_string(fleet(fleet_name)).unwrap();
+    let parsed = gpu_stack_core::fleet::Fleet::from_yaml(&text).unwrap();
+    let model = gpu_stack_core::catalog::lookup(&parsed.nodes[0].gpus[0].model).unwrap();
+    let shipped =
+        MigPartedConfig::from_yaml(&std::fs::read_to_string(CONFIG_FILE).unwrap()).unwrap();
+    let fitting: Vec<String> = check(&shipped, &[model])
+        .into_iter()
+        .filter(|c| c.status == CheckStatus::Valid)
+        .map(|c| c.config)
+        .filter(|c| c != "all-disabled" && c != "all-enabled")
+        .collect();
+    assert!(fitting.len() >= 6, "{}: only {fitting:?}", model.name);
+    for (i, config) in fitting.iter().enumerate() {
+        if i % 2 == 0 {
+            bench.nvidia_apply(config);
+            assert!(
+                bench.our_asserts(config),
+                "ours after NVIDIA applied {config}"
+            );
+        } else {
+            bench.our_apply(config);
+            assert!(
+                bench.nvidia_asserts(config),
+                "NVIDIA after ours applied {config}"
+            );
+        }
+        bench.exports_agree(&format!("the apply of {config}"));
+    }
+    eprintln!(
+        "{}: {} configs of the shipped file applied in turn by both sides: {}",
+        model.name,
+        fitting.len(),
+        fitting.join(", ")
+    );
+}
+
+#[test]
+fn dgx_a100_every_fitting_config_agrees() {
+    every_fitting_config("dgx-a100");
+}
+
+#[test]
+fn hgx_h100_every_fitting_config_agrees() {
+    every_fitting_config("hgx-h100");
+}
