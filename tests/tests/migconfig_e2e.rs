@@ -1,0 +1,359 @@
+//! MigConfig on the real test control plane: the `gpu-operator` binary turns
+//! a MigConfig into node labels and a generated entry of the mig-parted
+//! ConfigMap, `gpu-mig-manager` processes on three kwok nodes of simulated
+//! H100s apply it, and the MigConfig's status goes from Pending to Applied
+//! per node; an invalid MigConfig changes nothing and says why.
+//!
+//! The test plays the kubelet's ConfigMap volume: it copies the ConfigMap's
+//! file to each manager's `--config-file` before starting the managers.
+//! The ClusterPolicy is a cluster-wide singleton: this test and the other
+//! operator tests must not run against the same cluster at the same time.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
+use gpu_stack_e2e::chart::{apply_crd, chart_kubeconfig, delete_applied, install_chart_rbac};
+use gpu_stack_e2e::upgrade::{
+    LONG, OperatorProcess, apply_policy, fleet_nodes, force_delete_policy,
+};
+use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
+use gpu_stack_k8s::operator::migconfig::MigConfig;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, CustomResourceExt, ResourceExt};
+
+const MIG_CONFIG: &str = "nvidia.com/mig.config";
+const MIG_STATE: &str = "nvidia.com/mig.config.state";
+const NODES: usize = 3;
+const CONFIG_MAP: &str = "default-mig-parted-config";
+
+/// Operator, MIG manager and nothing else: no client pods to wait for.
+fn cluster_policy() -> serde_json::Value {
+    serde_json::json!({
+        "driver": {"enabled": false},
+        "toolkit": {"enabled": false},
+        "devicePlugin": {"enabled": false},
+        "gfd": {"enabled": false},
+        "dcgmExporter": {"enabled": false},
+        "migManager": {"enabled": true},
+    })
+}
+
+fn mig_config(name: &str, pool: &str, profiles: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "gpustack.io/v1alpha1",
+        "kind": "MigConfig",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"migc-pool": pool},
+            "layouts": [{"gpuModel": "H100-SXM5-80GB", "profiles": profiles}],
+        },
+    })
+}
+
+async fn apply(admin: &Client, body: &serde_json::Value) -> Result<()> {
+    let name = body["metadata"]["name"].as_str().unwrap_or_default();
+    Api::<MigConfig>::all(admin.clone())
+        .patch(
+            name,
+            &PatchParams::apply("gpu-stack-e2e").force(),
+            &Patch::Apply(body),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn apply_mig_config_crd(admin: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    crds.patch(
+        "migconfigs.gpustack.io",
+        &PatchParams::apply("gpu-stack-e2e").force(),
+        &Patch::Apply(&MigConfig::crd()),
+    )
+    .await?;
+    wait_for("the MigConfig CRD served", LONG, || async {
+        Ok(Api::<MigConfig>::all(admin.clone())
+            .list(&Default::default())
+            .await
+            .is_ok()
+            .then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+struct NodeFiles {
+    dir: PathBuf,
+    fleet: PathBuf,
+    config: PathBuf,
+    state: PathBuf,
+}
+
+fn node_files(root: &Path, node: &str) -> Result<NodeFiles> {
+    let dir = root.join(node);
+    std::fs::create_dir_all(&dir)?;
+    let fleet = dir.join("fleet.yaml");
+    std::fs::write(
+        &fleet,
+        format!(
+            "nodes:\n  - name: {node}\n    gpus:\n      - model: H100-SXM5-80GB\n        count: 2\n"
+        ),
+    )?;
+    Ok(NodeFiles {
+        fleet,
+        config: dir.join("config.yaml"),
+        state: dir.join("gpus.json"),
+        dir,
+    })
+}
+
+fn start_manager(cluster: &TestCluster, node: &str, f: &NodeFiles) -> Result<AgentProcess> {
+    let log = f.dir.join("manager.log");
+    let out = std::fs::File::create(&log)?;
+    let child = Command::new(workspace_binary("gpu-mig-manager")?)
+        .arg("--node-name")
+        .arg(node)
+        .arg("--config-file")
+        .arg(&f.config)
+        .args(["--backend", "simulated", "--fleet"])
+        .arg(&f.fleet)
+        .arg("--sim-state")
+        .arg(&f.state)
+        .arg("--signal-file")
+        .arg(f.dir.join("mig-changed"))
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig())
+        .args(["--client-timeout-seconds", "60", "--poll-ms", "200"])
+        .env_remove("NODE_NAME")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(out)
+        .spawn()
+        .context("starting gpu-mig-manager")?;
+    Ok(AgentProcess::new("gpu-mig-manager", child, log))
+}
+
+/// `gpu-stack mig assert` of `config` on the node's simulated GPUs.
+fn mig_assert(f: &NodeFiles, node: &str, config: &str) -> Result<bool> {
+    let out = Command::new(workspace_binary("gpu-stack")?)
+        .args(["mig", "assert", "-f"])
+        .arg(&f.config)
+        .args(["-c", config, "--backend", "simulated", "--fleet"])
+        .arg(&f.fleet)
+        .args(["--node", node, "--sim-state"])
+        .arg(&f.state)
+        .output()
+        .context("running gpu-stack mig assert")?;
+    Ok(out.status.code() == Some(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migconfig_is_applied_by_the_mig_managers_and_an_invalid_one_changes_nothing()
+-> Result<()> {
+    let cluster = TestCluster::attach().await?;
+    let admin = cluster.client();
+    let suffix = unique_suffix();
+    let prefix = format!("migc{suffix}");
+    let namespace = cluster.create_namespace("gpu-migc").await?;
+    let release = format!("migc{suffix}");
+    let tmp = std::env::temp_dir().join(format!("gpu-stack-migc-e2e-{suffix}"));
+    std::fs::create_dir_all(&tmp)?;
+
+    apply_crd(&Api::all(admin.clone())).await?;
+    apply_mig_config_crd(&admin).await?;
+    force_delete_policy(&admin).await?;
+    let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
+    let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
+
+    let result = scenario(&cluster, &admin, &kubeconfig, &namespace, &prefix, &tmp).await;
+
+    let api = Api::<MigConfig>::all(admin.clone());
+    for name in [format!("{prefix}-good"), format!("{prefix}-bad")] {
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+    let _ = force_delete_policy(&admin).await;
+    let names: Vec<String> = fleet_nodes(&admin, &format!("migc-fleet={prefix}"))
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    let _ = cluster.delete_nodes(&names).await;
+    delete_applied(&admin, &rbac).await;
+    let _ = cluster.delete_namespace(&namespace).await;
+    if result.is_ok() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+async fn scenario(
+    cluster: &TestCluster,
+    admin: &Client,
+    kubeconfig: &Path,
+    namespace: &str,
+    prefix: &str,
+    tmp: &Path,
+) -> Result<()> {
+    let good_pool = format!("{prefix}-good");
+    let bad_pool = format!("{prefix}-bad");
+    let product = ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3");
+    let mut nodes = cluster
+        .create_gpu_nodes(
+            &GpuFleet::new(format!("{good_pool}-gpu"), NODES)
+                .with_label("migc-fleet", prefix)
+                .with_label("migc-pool", good_pool.as_str())
+                .with_label(product.0, product.1),
+        )
+        .await?;
+    let bad_node = cluster
+        .create_gpu_nodes(
+            &GpuFleet::new(format!("{bad_pool}-gpu"), 1)
+                .with_label("migc-fleet", prefix)
+                .with_label("migc-pool", bad_pool.as_str())
+                .with_label(product.0, product.1),
+        )
+        .await?;
+    nodes.sort();
+    let bin = workspace_binary("gpu-operator")?;
+    let _operator = OperatorProcess::start(&bin, kubeconfig, namespace, "migc-e2e", &[])?;
+    apply_policy(admin, cluster_policy()).await?;
+
+    let good = format!("{prefix}-good");
+    let entry = format!("gpustack-{good}");
+    let started = Instant::now();
+    apply(
+        admin,
+        &mig_config(
+            &good,
+            &good_pool,
+            serde_json::json!({"1g.10gb": 4, "3g.40gb": 1}),
+        ),
+    )
+    .await?;
+    // The operator writes the generated config and labels the three nodes.
+    let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), namespace);
+    let file = wait_for("the generated config in the ConfigMap", LONG, || async {
+        let text = config_maps
+            .get_opt(CONFIG_MAP)
+            .await?
+            .and_then(|c| c.data)
+            .and_then(|d| d.get("config.yaml").cloned());
+        Ok(text.filter(|t| t.contains(&format!("  {entry}:"))))
+    })
+    .await?;
+    wait_for("the three nodes labelled", LONG, || async {
+        let labelled = fleet_nodes(admin, &format!("migc-pool={good_pool}"))
+            .await?
+            .iter()
+            .filter(|n| n.labels().get(MIG_CONFIG) == Some(&entry))
+            .count();
+        Ok((labelled == NODES).then_some(()))
+    })
+    .await?;
+    let labelled_after = started.elapsed();
+
+    // The kubelet would mount the ConfigMap; the managers then apply it.
+    let mut files = Vec::new();
+    let mut managers = Vec::new();
+    for node in &nodes {
+        let f = node_files(tmp, node)?;
+        std::fs::write(&f.config, &file)?;
+        ensure!(!mig_assert(&f, node, &entry)?, "{node} starts without MIG");
+        managers.push(start_manager(cluster, node, &f)?);
+        files.push(f);
+    }
+    let outcome = wait_for(
+        "every node applied in the MigConfig's status",
+        LONG,
+        || async {
+            let st = Api::<MigConfig>::all(admin.clone())
+                .get(&good)
+                .await?
+                .status
+                .unwrap_or_default();
+            Ok((st.applied == NODES as i64 && st.pending == 0).then_some(st))
+        },
+    )
+    .await;
+    let applied_after = started.elapsed();
+    if let Err(e) = outcome {
+        let logs: Vec<String> = managers.iter().map(AgentProcess::log_tail).collect();
+        anyhow::bail!("{e}; manager logs:\n{}", logs.join("\n---\n"));
+    }
+    for (node, f) in nodes.iter().zip(&files) {
+        ensure!(mig_assert(f, node, &entry)?, "{node}'s GPUs match {entry}");
+    }
+    for n in fleet_nodes(admin, &format!("migc-pool={good_pool}")).await? {
+        ensure!(n.labels().get(MIG_STATE).map(String::as_str) == Some("success"));
+    }
+    let st = Api::<MigConfig>::all(admin.clone())
+        .get(&good)
+        .await?
+        .status;
+    let ready = st
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone());
+    ensure!(ready.as_deref() == Some("True"), "Ready: {st:?}");
+    eprintln!(
+        "MigConfig on {NODES} nodes: labelled after {:.1} s, applied on every node after {:.1} s",
+        labelled_after.as_secs_f64(),
+        applied_after.as_secs_f64()
+    );
+
+    // An invalid MigConfig: the reason in status, its node untouched.
+    let bad = format!("{prefix}-bad");
+    let before = fleet_nodes(admin, &format!("migc-pool={bad_pool}")).await?[0]
+        .labels()
+        .get(MIG_CONFIG)
+        .cloned();
+    apply(
+        admin,
+        &mig_config(&bad, &bad_pool, serde_json::json!({"1g.5gb": 7})),
+    )
+    .await?;
+    let message = wait_for("the refusal in status", LONG, || async {
+        let st = Api::<MigConfig>::all(admin.clone())
+            .get(&bad)
+            .await?
+            .status
+            .unwrap_or_default();
+        Ok(st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Error" && c.status == "True")
+            .map(|c| c.message.clone()))
+    })
+    .await?;
+    ensure!(
+        message.contains("1g.5gb does not exist on this GPU"),
+        "{message}"
+    );
+    let after = fleet_nodes(admin, &format!("migc-pool={bad_pool}")).await?[0]
+        .labels()
+        .get(MIG_CONFIG)
+        .cloned();
+    ensure!(
+        after == before,
+        "{} relabelled: {before:?} -> {after:?}",
+        bad_node[0]
+    );
+    let text = config_maps
+        .get(CONFIG_MAP)
+        .await?
+        .data
+        .and_then(|d| d.get("config.yaml").cloned())
+        .unwrap_or_default();
+    ensure!(
+        !text.contains(&format!("gpustack-{bad}")),
+        "no config for the refused MigConfig"
+    );
+    for mut m in managers {
+        let _ = m.terminate();
+    }
+    Ok(())
+}
