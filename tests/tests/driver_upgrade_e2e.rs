@@ -15,15 +15,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
 use gpu_stack_e2e::binaries::workspace_binary;
-use gpu_stack_e2e::chart::{apply_crd, chart_kubeconfig, delete_applied, install_chart_rbac};
+use gpu_stack_e2e::chart::{chart_kubeconfig, delete_applied, install_chart_rbac};
 use gpu_stack_e2e::upgrade::{
-    LONG, OperatorProcess, apply_objects, apply_policy, driver_pods, driver_revisions, fleet_nodes,
-    force_delete_policy, gpu_deployment, pod_disruption_budget, policy, policy_spec, running_pods,
-    state_of, unschedulable,
+    LONG, OperatorProcess, apply_objects, apply_operator_crds, apply_policy, driver_pods,
+    driver_revisions, fleet_nodes, force_delete_policy, gpu_deployment, pod_disruption_budget,
+    policy, policy_spec, running_pods, state_of, unschedulable,
 };
 use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 /// GPU nodes in the fleet.
@@ -72,8 +70,7 @@ async fn a_driver_version_bump_rolls_out_within_the_budget() -> Result<()> {
     let tmp = std::env::temp_dir().join(format!("gpu-stack-upg-e2e-{suffix}"));
     std::fs::create_dir_all(&tmp)?;
 
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    apply_crd(&crds).await?;
+    apply_operator_crds(&admin).await?;
     force_delete_policy(&admin).await?;
     let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
     let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;

@@ -32,17 +32,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail, ensure};
 use gpu_stack_e2e::binaries::workspace_binary;
-use gpu_stack_e2e::chart::{apply_crd, chart_kubeconfig, delete_applied, install_chart_rbac};
+use gpu_stack_e2e::chart::{chart_kubeconfig, delete_applied, install_chart_rbac};
 use gpu_stack_e2e::upgrade::{
-    DriverPodWatch, LONG, NodeWatch, OperatorProcess, apply_objects, apply_policy, delete_object,
-    driver_pods, driver_revisions, fleet_nodes, force_delete_policy, gpu_deployment,
-    pod_disruption_budget, policy, policy_spec, running_pods, state_counts, state_of,
-    unschedulable,
+    DriverPodWatch, LONG, NodeWatch, OperatorProcess, apply_objects, apply_operator_crds,
+    apply_policy, delete_object, driver_pods, driver_revisions, fleet_nodes, force_delete_policy,
+    gpu_deployment, pod_disruption_budget, policy, policy_spec, running_pods, state_counts,
+    state_of, unschedulable,
 };
 use gpu_stack_e2e::{GpuFleet, KWOK_ANNOTATION, TestCluster, unique_suffix, wait_for};
 use gpu_stack_k8s::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
 use k8s_openapi::api::core::v1::{Event, Node};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
@@ -113,8 +112,7 @@ impl Setup {
         let workload_ns = cluster.create_namespace("gpu-upg-work").await?;
         let tmp = std::env::temp_dir().join(format!("gpu-stack-{tag}-{suffix}"));
         std::fs::create_dir_all(&tmp)?;
-        let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-        apply_crd(&crds).await?;
+        apply_operator_crds(&admin).await?;
         force_delete_policy(&admin).await?;
         let rbac = install_chart_rbac(&admin, &format!("{tag}{suffix}"), &namespace).await?;
         let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
