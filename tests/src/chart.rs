@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
+use gpu_stack_k8s::operator::migconfig::MigConfig;
 use gpu_stack_k8s::operator::nvidiadriver::NvidiaDriver;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -142,9 +143,16 @@ pub async fn apply_crd(crds: &Api<CustomResourceDefinition>) -> Result<()> {
     apply_generated_crd(crds, ClusterPolicy::crd()).await
 }
 
-/// [`apply_crd`] for the NVIDIADriver CRD.
-pub async fn apply_nvidia_driver_crd(crds: &Api<CustomResourceDefinition>) -> Result<()> {
-    apply_generated_crd(crds, NvidiaDriver::crd()).await
+/// Installs every CRD the operator watches (ClusterPolicy, NVIDIADriver,
+/// MigConfig) and waits until each is served: without one, the operator's
+/// watch of it retries a 404 list for the whole run, load on the control
+/// plane and noise in its request count.
+pub async fn apply_operator_crds(admin: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for crd in [ClusterPolicy::crd(), NvidiaDriver::crd(), MigConfig::crd()] {
+        apply_generated_crd(&crds, crd).await?;
+    }
+    Ok(())
 }
 
 async fn apply_generated_crd(

@@ -21,7 +21,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 
-use crate::chart::{apply_crd, apply_nvidia_driver_crd};
 use crate::wait_for;
 
 /// Node label holding the upgrade state.
@@ -33,38 +32,7 @@ pub const POLICY_NAME: &str = "cluster-policy";
 /// How long setup steps may take on a busy 2-core machine.
 pub const LONG: Duration = Duration::from_secs(120);
 
-/// Installs every CRD the operator watches (ClusterPolicy, NVIDIADriver,
-/// MigConfig) and waits until each is served: without one, the operator's
-/// watch of it retries a 404 list every second or so for the whole run,
-/// load on the control plane and noise in its request count.
-pub async fn apply_operator_crds(admin: &Client) -> Result<()> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::CustomResourceExt;
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    apply_crd(&crds).await?;
-    apply_nvidia_driver_crd(&crds).await?;
-    let crd = gpu_stack_k8s::operator::migconfig::MigConfig::crd();
-    let name = crd.name_any();
-    crds.patch(
-        &name,
-        &PatchParams::apply("gpu-stack-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    wait_for(&format!("CRD {name} established"), LONG, || async {
-        let crd = crds.get(&name).await?;
-        Ok(crd
-            .status
-            .and_then(|s| s.conditions)
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            })
-            .then_some(()))
-    })
-    .await?;
-    Ok(())
-}
+pub use crate::chart::apply_operator_crds;
 
 /// The `gpu-operator` binary running as a process; killed (SIGKILL) on drop.
 pub struct OperatorProcess {

@@ -14,16 +14,17 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
-use gpu_stack_e2e::chart::{apply_crd, chart_kubeconfig, delete_applied, install_chart_rbac};
+use gpu_stack_e2e::chart::{
+    apply_operator_crds, chart_kubeconfig, delete_applied, install_chart_rbac,
+};
 use gpu_stack_e2e::upgrade::{
     LONG, OperatorProcess, apply_policy, fleet_nodes, force_delete_policy,
 };
 use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
 use gpu_stack_k8s::operator::migconfig::MigConfig;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::{Client, CustomResourceExt, ResourceExt};
+use kube::{Client, ResourceExt};
 
 const MIG_CONFIG: &str = "nvidia.com/mig.config";
 const MIG_STATE: &str = "nvidia.com/mig.config.state";
@@ -63,25 +64,6 @@ async fn apply(admin: &Client, body: &serde_json::Value) -> Result<()> {
             &Patch::Apply(body),
         )
         .await?;
-    Ok(())
-}
-
-async fn apply_mig_config_crd(admin: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    crds.patch(
-        "migconfigs.gpustack.io",
-        &PatchParams::apply("gpu-stack-e2e").force(),
-        &Patch::Apply(&MigConfig::crd()),
-    )
-    .await?;
-    wait_for("the MigConfig CRD served", LONG, || async {
-        Ok(Api::<MigConfig>::all(admin.clone())
-            .list(&Default::default())
-            .await
-            .is_ok()
-            .then_some(()))
-    })
-    .await?;
     Ok(())
 }
 
@@ -162,8 +144,7 @@ async fn a_migconfig_is_applied_by_the_mig_managers_and_an_invalid_one_changes_n
     let tmp = std::env::temp_dir().join(format!("gpu-stack-migc-e2e-{suffix}"));
     std::fs::create_dir_all(&tmp)?;
 
-    apply_crd(&Api::all(admin.clone())).await?;
-    apply_mig_config_crd(&admin).await?;
+    apply_operator_crds(&admin).await?;
     force_delete_policy(&admin).await?;
     let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
     let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;

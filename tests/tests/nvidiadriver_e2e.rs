@@ -15,7 +15,7 @@ use anyhow::{Result, ensure};
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
 use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::chart::{
-    apply_crd, apply_nvidia_driver_crd, chart_kubeconfig, delete_applied, install_chart_rbac,
+    apply_operator_crds, chart_kubeconfig, delete_applied, install_chart_rbac,
 };
 use gpu_stack_e2e::upgrade::{
     DRIVER_SELECTOR, LONG, OperatorProcess, apply_policy, driver_pods, fleet_nodes,
@@ -25,7 +25,6 @@ use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
 use gpu_stack_k8s::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverState};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
@@ -145,9 +144,7 @@ async fn nvidiadrivers_roll_out_pools_refuse_conflicts_and_upgrade_per_resource(
     let tmp = std::env::temp_dir().join(format!("gpu-stack-nvd-e2e-{suffix}"));
     std::fs::create_dir_all(&tmp)?;
 
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    apply_crd(&crds).await?;
-    apply_nvidia_driver_crd(&crds).await?;
+    apply_operator_crds(&admin).await?;
     force_delete_policy(&admin).await?;
     let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
     let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;

@@ -14,7 +14,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use gpu_stack_core::operator::labels::apply_patch;
 use gpu_stack_e2e::binaries::workspace_binary;
-use gpu_stack_e2e::chart::{apply_crd, chart_kubeconfig, delete_applied, install_chart_rbac};
+use gpu_stack_e2e::chart::{
+    apply_operator_crds, chart_kubeconfig, delete_applied, install_chart_rbac,
+};
+use gpu_stack_e2e::upgrade::force_delete_policy;
 use gpu_stack_e2e::{
     GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, unique_suffix, wait_for,
 };
@@ -25,7 +28,6 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
@@ -235,28 +237,6 @@ async fn leader_count(replicas: &[&Replica]) -> usize {
     n
 }
 
-/// Deletes the policy with admin rights, dropping finalizers a dead operator
-/// left behind, and waits until it is gone.
-async fn force_delete_policy(client: &Client, name: &str) -> Result<()> {
-    let api = Api::<ClusterPolicy>::all(client.clone());
-    if api.get_opt(name).await?.is_none() {
-        return Ok(());
-    }
-    let _ = api.delete(name, &DeleteParams::default()).await;
-    let _ = api
-        .patch_metadata(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await;
-    wait_for("leftover ClusterPolicy gone", LONG, || async {
-        Ok(api.get_opt(name).await?.is_none().then_some(()))
-    })
-    .await?;
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_binary_on_a_real_cluster() -> Result<()> {
     let cluster = TestCluster::attach().await?;
@@ -270,16 +250,15 @@ async fn operator_binary_on_a_real_cluster() -> Result<()> {
     std::fs::create_dir_all(&tmp)?;
 
     // CRD install (the generated one), and the chart's ServiceAccount and RBAC.
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    apply_crd(&crds).await?;
-    force_delete_policy(&admin, "cluster-policy").await?;
+    apply_operator_crds(&admin).await?;
+    force_delete_policy(&admin).await?;
     let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
     let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
 
     let result = scenarios(&cluster, &admin, &bin, &kubeconfig, &namespace, &prefix).await;
 
     // Teardown, whatever happened.
-    let _ = force_delete_policy(&admin, "cluster-policy").await;
+    let _ = force_delete_policy(&admin).await;
     let names: Vec<String> = my_nodes(&admin, &prefix)
         .await
         .unwrap_or_default()
@@ -892,9 +871,8 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     let suffix = unique_suffix();
     let prefix = format!("bench{suffix}");
     let namespace = cluster.create_namespace("gpu-bench").await?;
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    apply_crd(&crds).await?;
-    force_delete_policy(&admin, "cluster-policy").await?;
+    apply_operator_crds(&admin).await?;
+    force_delete_policy(&admin).await?;
     let tmp = std::env::temp_dir().join(format!("gpu-stack-op-bench-{suffix}"));
     std::fs::create_dir_all(&tmp)?;
     let release = format!("b{suffix}");
@@ -991,7 +969,7 @@ async fn bench_operator_1000_nodes() -> Result<()> {
 
     // The floor again, after the operator's pods are gone: run-to-run spread
     // of the control plane is seconds, so the operator is compared with both.
-    force_delete_policy(&admin, "cluster-policy").await?;
+    force_delete_policy(&admin).await?;
     drop(op);
     wait_for("operand pods gone", Duration::from_secs(900), || async {
         let left = Api::<Pod>::namespaced(admin.clone(), &namespace)
