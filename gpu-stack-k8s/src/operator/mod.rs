@@ -58,7 +58,7 @@ use gpu_stack_core::operator::labels::LabelPatch;
 use serde::Serialize;
 
 use crate::cluster::{Cluster, ClusterError, Object, ObjectKey};
-use crate::clusterpolicy::ClusterPolicyStatus;
+use crate::clusterpolicy::{ClusterPolicyStatus, Condition};
 use crate::desired::{Options, active_policy, carry_condition_times, carry_times, ignored_status};
 use crate::operator::migconfig::MigConfigStatus;
 use crate::operator::nvidiadriver::NvidiaDriverStatus;
@@ -132,6 +132,45 @@ impl PassReport {
     pub fn changed(&self) -> bool {
         !self.applied.is_empty() || !self.deleted.is_empty() || !self.labelled.is_empty()
     }
+}
+
+/// A status with conditions, whose times carry over between passes.
+pub trait WithConditions: Clone + PartialEq {
+    /// The conditions.
+    fn conditions(&self) -> &[Condition];
+    /// The conditions, to set their times.
+    fn conditions_mut(&mut self) -> &mut [Condition];
+}
+
+impl WithConditions for NvidiaDriverStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+    fn conditions_mut(&mut self) -> &mut [Condition] {
+        &mut self.conditions
+    }
+}
+
+impl WithConditions for MigConfigStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+    fn conditions_mut(&mut self) -> &mut [Condition] {
+        &mut self.conditions
+    }
+}
+
+/// `wanted` with the condition times of `current` carried over (`now` for
+/// changed ones), and whether it differs from `current`.
+fn with_condition_times<S: WithConditions>(
+    wanted: &S,
+    current: Option<&S>,
+    now: &str,
+) -> (S, bool) {
+    let mut new = wanted.clone();
+    carry_times(new.conditions_mut(), current.map(|c| c.conditions()), now);
+    let changed = current != Some(&new);
+    (new, changed)
 }
 
 /// Source of timestamps for condition transition times (RFC 3339).
@@ -268,18 +307,14 @@ impl<C: Cluster> Operator<C> {
                     "updating the status of ClusterPolicy {active_name}"
                 )))?;
         }
+        let now = (self.clock)();
         for d in &drivers {
-            let Some(new) = want.nvidia_driver_status.get(d.name()) else {
+            let Some(wanted) = want.nvidia_driver_status.get(d.name()) else {
                 continue;
             };
-            let mut new = new.clone();
-            carry_times(
-                &mut new.conditions,
-                d.status.as_ref().map(|s| s.conditions.as_slice()),
-                &(self.clock)(),
-            );
-            if d.status.as_ref() != Some(&new) {
-                let name = d.name();
+            let name = d.name();
+            let (new, changed) = with_condition_times(wanted, d.status.as_ref(), &now);
+            if changed {
                 self.cluster
                     .update_nvidia_driver_status(name, &new)
                     .await
@@ -287,26 +322,21 @@ impl<C: Cluster> Operator<C> {
                         "updating the status of NVIDIADriver {name}"
                     )))?;
             }
-            report.nvidia_drivers.insert(d.name().to_string(), new);
+            report.nvidia_drivers.insert(name.to_string(), new);
         }
         for m in &mig_configs {
-            let Some(new) = want.mig_config_status.get(m.name()) else {
+            let Some(wanted) = want.mig_config_status.get(m.name()) else {
                 continue;
             };
-            let mut new = new.clone();
-            carry_times(
-                &mut new.conditions,
-                m.status.as_ref().map(|s| s.conditions.as_slice()),
-                &(self.clock)(),
-            );
-            if m.status.as_ref() != Some(&new) {
-                let name = m.name();
+            let name = m.name();
+            let (new, changed) = with_condition_times(wanted, m.status.as_ref(), &now);
+            if changed {
                 self.cluster
                     .update_mig_config_status(name, &new)
                     .await
                     .map_err(during(format!("updating the status of MigConfig {name}")))?;
             }
-            report.mig_configs.insert(m.name().to_string(), new);
+            report.mig_configs.insert(name.to_string(), new);
         }
         report.status = Some(status);
         report.unchanged = want.unchanged;

@@ -475,12 +475,12 @@ pub fn desired_state_with(
     });
     if let Some(plan) = &drivers_plan {
         // Owner labels, on the nodes as they will look too.
-        for (name, patch) in &plan.routing.labels {
-            node_labels
-                .entry(name.clone())
-                .or_insert_with(LabelPatch::new)
-                .extend(patch.clone());
-            if let Some((_, labels)) = effective.iter_mut().find(|(n, _)| n == name) {
+        for (name, labels) in effective.iter_mut() {
+            if let Some(patch) = plan.routing.labels.get(name.as_str()) {
+                node_labels
+                    .entry(name.clone())
+                    .or_insert_with(LabelPatch::new)
+                    .extend(patch.clone());
                 apply_patch(labels.to_mut(), patch);
             }
         }
