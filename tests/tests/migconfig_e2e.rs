@@ -8,15 +8,15 @@
 //! file to each manager's `--config-file` before starting the managers.
 //! The ClusterPolicy is a cluster-wide singleton: this test and the other
 //! operator tests must not run against the same cluster at the same time.
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
 use gpu_stack_e2e::chart::{
     apply_operator_crds, chart_kubeconfig, delete_applied, install_chart_rbac,
 };
+use gpu_stack_e2e::migmanager::{mig_assert, start_mig_manager, write_mig_files};
 use gpu_stack_e2e::upgrade::{
     LONG, OperatorProcess, apply_policy, fleet_nodes, force_delete_policy,
 };
@@ -65,71 +65,6 @@ async fn apply(admin: &Client, body: &serde_json::Value) -> Result<()> {
         )
         .await?;
     Ok(())
-}
-
-struct NodeFiles {
-    dir: PathBuf,
-    fleet: PathBuf,
-    config: PathBuf,
-    state: PathBuf,
-}
-
-fn node_files(root: &Path, node: &str) -> Result<NodeFiles> {
-    let dir = root.join(node);
-    std::fs::create_dir_all(&dir)?;
-    let fleet = dir.join("fleet.yaml");
-    std::fs::write(
-        &fleet,
-        format!(
-            "nodes:\n  - name: {node}\n    gpus:\n      - model: H100-SXM5-80GB\n        count: 2\n"
-        ),
-    )?;
-    Ok(NodeFiles {
-        fleet,
-        config: dir.join("config.yaml"),
-        state: dir.join("gpus.json"),
-        dir,
-    })
-}
-
-fn start_manager(cluster: &TestCluster, node: &str, f: &NodeFiles) -> Result<AgentProcess> {
-    let log = f.dir.join("manager.log");
-    let out = std::fs::File::create(&log)?;
-    let child = Command::new(workspace_binary("gpu-mig-manager")?)
-        .arg("--node-name")
-        .arg(node)
-        .arg("--config-file")
-        .arg(&f.config)
-        .args(["--backend", "simulated", "--fleet"])
-        .arg(&f.fleet)
-        .arg("--sim-state")
-        .arg(&f.state)
-        .arg("--signal-file")
-        .arg(f.dir.join("mig-changed"))
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig())
-        .args(["--client-timeout-seconds", "60", "--poll-ms", "200"])
-        .env_remove("NODE_NAME")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(out)
-        .spawn()
-        .context("starting gpu-mig-manager")?;
-    Ok(AgentProcess::new("gpu-mig-manager", child, log))
-}
-
-/// `gpu-stack mig assert` of `config` on the node's simulated GPUs.
-fn mig_assert(f: &NodeFiles, node: &str, config: &str) -> Result<bool> {
-    let out = Command::new(workspace_binary("gpu-stack")?)
-        .args(["mig", "assert", "-f"])
-        .arg(&f.config)
-        .args(["-c", config, "--backend", "simulated", "--fleet"])
-        .arg(&f.fleet)
-        .args(["--node", node, "--sim-state"])
-        .arg(&f.state)
-        .output()
-        .context("running gpu-stack mig assert")?;
-    Ok(out.status.code() == Some(0))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,10 +176,10 @@ async fn scenario(
     let mut files = Vec::new();
     let mut managers = Vec::new();
     for node in &nodes {
-        let f = node_files(tmp, node)?;
+        let f = write_mig_files(&tmp.join(node), node, 2, "")?;
         std::fs::write(&f.config, &file)?;
         ensure!(!mig_assert(&f, node, &entry)?, "{node} starts without MIG");
-        managers.push(start_manager(cluster, node, &f)?);
+        managers.push(start_mig_manager(cluster, node, &f, &[])?);
         files.push(f);
     }
     let outcome = wait_for(

@@ -8,14 +8,14 @@
 //! client pod once the manager paused its deploy label, so the manager's wait
 //! for clients to leave is on the path.
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use futures::StreamExt;
 use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
+use gpu_stack_e2e::migmanager::{MigFiles, mig_assert, start_mig_manager, write_mig_files};
 use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
 use k8s_openapi::api::events::v1::Event;
@@ -34,13 +34,7 @@ const DEPLOY_GFD: &str = "nvidia.com/gpu.deploy.gpu-feature-discovery";
 const DEPLOY_EXPORTER: &str = "nvidia.com/gpu.deploy.dcgm-exporter";
 const PAUSED: &str = "paused-for-mig-change";
 
-struct Files {
-    dir: PathBuf,
-    fleet: PathBuf,
-    config: PathBuf,
-    state: PathBuf,
-    signal: PathBuf,
-}
+type Files = MigFiles;
 
 fn write_files(node: &str) -> Result<Files> {
     write_files_for(node, 8, "")
@@ -49,93 +43,11 @@ fn write_files(node: &str) -> Result<Files> {
 /// Files for a node of `count` H100s; `node_extra` is more YAML under the node.
 fn write_files_for(node: &str, count: u32, node_extra: &str) -> Result<Files> {
     let dir = std::env::temp_dir().join(format!("gpu-stack-mig-e2e-{}", unique_suffix()));
-    std::fs::create_dir_all(&dir)?;
-    let fleet = dir.join("fleet.yaml");
-    std::fs::write(
-        &fleet,
-        format!(
-            "nodes:\n  - name: {node}\n{node_extra}    gpus:\n      - model: H100-SXM5-80GB\n        count: {count}\n"
-        ),
-    )?;
-    let config = dir.join("config.yaml");
-    let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../gpu-stack-core/data/mig-parted-config-default.yaml");
-    std::fs::copy(&shipped, &config).with_context(|| format!("copying {}", shipped.display()))?;
-    Ok(Files {
-        state: dir.join("gpus.json"),
-        signal: dir.join("mig-changed"),
-        dir,
-        fleet,
-        config,
-    })
+    write_mig_files(&dir, node, count, node_extra)
 }
 
 fn start_manager(cluster: &TestCluster, node: &str, files: &Files) -> Result<AgentProcess> {
-    start_manager_with(cluster, node, files, &[])
-}
-
-fn start_manager_with(
-    cluster: &TestCluster,
-    node: &str,
-    files: &Files,
-    extra: &[&str],
-) -> Result<AgentProcess> {
-    let log = files.dir.join("manager.log");
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)?;
-    let child = Command::new(workspace_binary("gpu-mig-manager")?)
-        .arg("--node-name")
-        .arg(node)
-        .arg("--config-file")
-        .arg(&files.config)
-        .args(["--backend", "simulated", "--fleet"])
-        .arg(&files.fleet)
-        .arg("--sim-state")
-        .arg(&files.state)
-        .arg("--signal-file")
-        .arg(&files.signal)
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig())
-        .args(["--client-timeout-seconds", "60", "--poll-ms", "200"])
-        .args(extra)
-        .env_remove("NODE_NAME")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(out)
-        .spawn()
-        .context("starting gpu-mig-manager")?;
-    Ok(AgentProcess::new("gpu-mig-manager", child, log))
-}
-
-/// `gpu-stack mig assert` against the node's simulated GPUs: true when they match.
-fn mig_assert(files: &Files, node: &str, config: &str) -> Result<bool> {
-    let out = Command::new(workspace_binary("gpu-stack")?)
-        .args(["mig", "assert", "-f"])
-        .arg(&files.config)
-        .args(["-c", config, "--backend", "simulated", "--fleet"])
-        .arg(&files.fleet)
-        .args(["--node", node, "--sim-state"])
-        .arg(&files.state)
-        .args(["-o", "json"])
-        .output()
-        .context("running gpu-stack mig assert")?;
-    let code = out.status.code();
-    ensure!(
-        matches!(code, Some(0) | Some(1)),
-        "gpu-stack mig assert failed ({:?}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let body: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("assert output {}", String::from_utf8_lossy(&out.stdout)))?;
-    let matches = body["matches"].as_bool() == Some(true);
-    ensure!(
-        matches == (code == Some(0)),
-        "exit code {code:?} disagrees with {body}"
-    );
-    Ok(matches)
+    start_mig_manager(cluster, node, files, &[])
 }
 
 fn labels(node: &Node) -> BTreeMap<String, String> {
@@ -409,7 +321,7 @@ async fn reboot_scenario(
     let before = deploy_labels(&labels(&nodes.get(node).await?));
     let marker = files.dir.join("rebooted-by-hook");
     let hook = format!("echo \"$NODE_NAME $MIG_CONFIG\" > '{}'", marker.display());
-    let mut manager = start_manager_with(
+    let mut manager = start_mig_manager(
         cluster,
         node,
         files,
@@ -466,7 +378,7 @@ async fn reboot_scenario(
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let mut manager = start_manager_with(cluster, node, files, &["--no-gpu-reset"])?;
+    let mut manager = start_mig_manager(cluster, node, files, &["--no-gpu-reset"])?;
     let second = async {
         let done = wait_label(client, node, MIG_STATE, "success").await?;
         let l = labels(&done);
