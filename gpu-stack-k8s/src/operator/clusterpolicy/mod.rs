@@ -272,6 +272,13 @@ pub struct DriverSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "upgrade_policy_schema")]
     pub upgrade_policy: Option<UpgradePolicy>,
+    /// Timing of the driver container's startup probe (the probe runs
+    /// `nvidia-smi`); unset fields keep NVIDIA's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_probe: Option<ContainerProbeSpec>,
+    /// Image and env of the k8s-driver-manager init container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manager: Option<DriverManagerSpec>,
 }
 
 /// The CRD schema of the ClusterPolicy's `upgradePolicy`: NVIDIA's, with
@@ -350,6 +357,57 @@ pub fn upgrade_policy_schema_with(auto_upgrade: bool) -> schemars::Schema {
             }
         }
     })
+}
+
+/// A container probe's timing (the probe itself is the driver container's).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerProbeSpec {
+    /// Seconds after the container starts before the first probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_delay_seconds: Option<i32>,
+    /// Seconds after which a probe times out (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub timeout_seconds: Option<i32>,
+    /// Seconds between probes (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub period_seconds: Option<i32>,
+    /// Successes after a failure before the probe passes (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub success_threshold: Option<i32>,
+    /// Failures after a success before the probe fails (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub failure_threshold: Option<i32>,
+}
+
+/// `driver.manager` (`spec.manager` of an NVIDIADriver): the k8s-driver-manager
+/// init container of driver pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverManagerSpec {
+    /// Image registry and path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
+    /// Image name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"[a-zA-Z0-9\-]+"))]
+    pub image: Option<String>,
+    /// Image tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `Always`, `IfNotPresent` or `Never`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    /// Pull secret names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
+    /// Env of the driver manager.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
 }
 
 /// `spec.toolkit`.
@@ -665,6 +723,45 @@ pub fn image_path(repository: &str, image: &str, version: &str) -> String {
     }
 }
 
+/// `repo/image:version` from the given parts over `defaults`. An image
+/// given without a repository is a full path, and then takes no default
+/// version either.
+fn image_with_defaults(
+    repository: Option<&str>,
+    image: Option<&str>,
+    version: Option<&str>,
+    (drepo, dimage, dversion): (&str, &str, &str),
+) -> String {
+    let repo = repository
+        .map(str::trim)
+        .unwrap_or(if image.is_some() { "" } else { drepo });
+    let version = version.unwrap_or(if image.is_some() && repo.is_empty() {
+        ""
+    } else {
+        dversion
+    });
+    image_path(repo, image.unwrap_or(dimage), version)
+}
+
+impl DriverManagerSpec {
+    /// NVIDIA's driver manager image: `(repository, image, version)`.
+    pub const DEFAULT_IMAGE: (&'static str, &'static str, &'static str) = (
+        "nvcr.io/nvidia/cloud-native",
+        "k8s-driver-manager",
+        "v0.12.0",
+    );
+
+    /// The init container's image reference, NVIDIA's when `spec` names none.
+    pub fn image_reference(spec: Option<&Self>) -> String {
+        image_with_defaults(
+            spec.and_then(|s| s.repository.as_deref()),
+            spec.and_then(|s| nonempty(&s.image)),
+            spec.and_then(|s| nonempty(&s.version)),
+            Self::DEFAULT_IMAGE,
+        )
+    }
+}
+
 impl ClusterPolicySpec {
     /// The common fields of a component's section, if present.
     pub fn component(&self, c: Component) -> Option<&ComponentSpec> {
@@ -736,23 +833,13 @@ impl ClusterPolicySpec {
     /// the base `repository/image`; the selection matrix adds the tag).
     pub fn image_settings(&self, c: Component) -> ImageSettings {
         let spec = self.component(c);
-        let (drepo, dimage, dversion) = Self::default_image(c);
-        let image_given = spec.and_then(|s| nonempty(&s.image));
-        // An image given without a repository is a full path.
-        let repo = spec
-            .and_then(|s| s.repository.as_deref())
-            .map(str::trim)
-            .unwrap_or(if image_given.is_some() { "" } else { drepo });
-        let image = image_given.unwrap_or(dimage);
-        let version = spec.and_then(|s| nonempty(&s.version)).unwrap_or(
-            if image_given.is_some() && repo.is_empty() {
-                ""
-            } else {
-                dversion
-            },
-        );
         ImageSettings {
-            image: image_path(repo, image, version),
+            image: image_with_defaults(
+                spec.and_then(|s| s.repository.as_deref()),
+                spec.and_then(|s| nonempty(&s.image)),
+                spec.and_then(|s| nonempty(&s.version)),
+                Self::default_image(c),
+            ),
             pull_policy: spec
                 .and_then(|s| nonempty(&s.image_pull_policy))
                 .unwrap_or("IfNotPresent")

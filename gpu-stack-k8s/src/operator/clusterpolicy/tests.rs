@@ -122,7 +122,6 @@ fn unsupported_fields_are_listed_not_dropped() {
     let u = cp.spec.unsupported_fields();
     for want in [
         "spec.sandboxWorkloads",
-        "spec.driver.manager",
         "spec.driver.rdma",
         "spec.operator.initContainer",
         "spec.validator.plugin",
@@ -130,8 +129,14 @@ fn unsupported_fields_are_listed_not_dropped() {
     ] {
         assert!(u.iter().any(|f| f == want), "{want} missing from {u:?}");
     }
-    // Disabled unsupported sections and the disabled standalone DCGM are quiet.
-    for quiet in ["spec.gds", "spec.vgpuManager", "spec.dcgm.enabled"] {
+    // Disabled unsupported sections, the disabled standalone DCGM and the
+    // driver manager (rendered) are quiet.
+    for quiet in [
+        "spec.gds",
+        "spec.vgpuManager",
+        "spec.dcgm.enabled",
+        "spec.driver.manager",
+    ] {
         assert!(!u.iter().any(|f| f == quiet), "{quiet} listed in {u:?}");
     }
     assert!(cp.spec.validate().is_empty(), "{:?}", cp.spec.validate());

@@ -22,7 +22,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL, Object};
-use crate::clusterpolicy::{ClusterPolicy, ClusterPolicySpec, ComponentSpec, DriverSpec};
+use crate::clusterpolicy::{
+    ClusterPolicy, ClusterPolicySpec, ComponentSpec, ContainerProbeSpec, DriverManagerSpec,
+    DriverSpec,
+};
 use crate::operator::nvidiadriver::NvidiaDriver;
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
 
@@ -32,8 +35,6 @@ pub const MIG_PARTED_CONFIG_KEY: &str = "config.yaml";
 /// The default mig-parted configuration shipped as the
 /// `default-mig-parted-config` ConfigMap.
 pub const DEFAULT_MIG_PARTED_CONFIG: &str = gpu_stack_core::migparted::DEFAULT_CONFIG_YAML;
-/// Image of the driver manager init container of driver pods.
-pub const DRIVER_MANAGER_IMAGE: &str = "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0";
 /// Label naming the component on every object.
 pub const COMPONENT_LABEL: &str = "nvidia.com/gpu-stack.component";
 /// Label on per-pool driver DaemonSets built from precompiled images.
@@ -577,10 +578,28 @@ fn component_env(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
 /// A component's `env` from the policy, overriding by name.
 fn with_user_env(out: &mut Vec<EnvVar>, spec: &ClusterPolicySpec, c: Component) {
     if let Some(cs) = spec.component(c) {
-        for e in &cs.env {
-            out.retain(|x| x.name != e.name);
-            out.push(env(&e.name, e.value.clone()));
-        }
+        merge_env(out, &cs.env);
+    }
+}
+
+/// Adds the user's `env` to `out`, each replacing a variable of its name.
+fn merge_env(out: &mut Vec<EnvVar>, user: &[crate::clusterpolicy::EnvVar]) {
+    for e in user {
+        out.retain(|x| x.name != e.name);
+        out.push(env(&e.name, e.value.clone()));
+    }
+}
+
+/// A probe's timing: the fields `given` sets over `defaults`.
+fn probe_timing(given: Option<&ContainerProbeSpec>, defaults: ContainerProbeSpec) -> Probe {
+    let g = given.cloned().unwrap_or_default();
+    Probe {
+        initial_delay_seconds: g.initial_delay_seconds.or(defaults.initial_delay_seconds),
+        period_seconds: g.period_seconds.or(defaults.period_seconds),
+        failure_threshold: g.failure_threshold.or(defaults.failure_threshold),
+        timeout_seconds: g.timeout_seconds.or(defaults.timeout_seconds),
+        success_threshold: g.success_threshold.or(defaults.success_threshold),
+        ..Default::default()
     }
 }
 
@@ -835,20 +854,29 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
     let mut host_pid = None;
     match c {
         Component::Driver => {
+            let manager = spec.driver.as_ref().and_then(|d| d.manager.as_ref());
+            let mut manager_env = vec![
+                node_name_env(),
+                env("NVIDIA_VISIBLE_DEVICES", "void"),
+                env("ENABLE_GPU_POD_EVICTION", "true"),
+                env("ENABLE_AUTO_DRAIN", "false"),
+            ];
+            if let Some(m) = manager {
+                merge_env(&mut manager_env, &m.env);
+            }
             init.insert(
                 0,
                 Container {
                     name: "k8s-driver-manager".into(),
-                    image: Some(DRIVER_MANAGER_IMAGE.into()),
-                    image_pull_policy: Some("IfNotPresent".into()),
+                    image: Some(DriverManagerSpec::image_reference(manager)),
+                    image_pull_policy: Some(
+                        manager
+                            .and_then(|m| m.image_pull_policy.clone())
+                            .unwrap_or_else(|| "IfNotPresent".into()),
+                    ),
                     command: Some(vec!["driver-manager".into()]),
                     args: Some(vec!["uninstall_driver".into()]),
-                    env: Some(vec![
-                        node_name_env(),
-                        env("NVIDIA_VISIBLE_DEVICES", "void"),
-                        env("ENABLE_GPU_POD_EVICTION", "true"),
-                        env("ENABLE_AUTO_DRAIN", "false"),
-                    ]),
+                    env: Some(manager_env),
                     security_context: privileged(),
                     volume_mounts: Some(vec![
                         mount(
@@ -872,11 +900,16 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                         format!("nvidia-smi && touch {ready}"),
                     ]),
                 }),
-                initial_delay_seconds: Some(60),
-                period_seconds: Some(10),
-                failure_threshold: Some(120),
-                timeout_seconds: Some(60),
-                ..Default::default()
+                ..probe_timing(
+                    spec.driver.as_ref().and_then(|d| d.startup_probe.as_ref()),
+                    ContainerProbeSpec {
+                        initial_delay_seconds: Some(60),
+                        period_seconds: Some(10),
+                        failure_threshold: Some(120),
+                        timeout_seconds: Some(60),
+                        success_threshold: None,
+                    },
+                )
             });
             main.lifecycle = Some(Lifecycle {
                 pre_stop: Some(LifecycleHandler {
@@ -999,9 +1032,19 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
         l.insert(PRECOMPILED_LABEL.into(), "true".into());
     }
     let annotations = (!ds_spec.annotations.is_empty()).then(|| ds_spec.annotations.clone());
-    let pull_secrets = (!settings.pull_secrets.is_empty()).then(|| {
-        settings
-            .pull_secrets
+    let mut pull_secrets = settings.pull_secrets.clone();
+    if c == Component::Driver
+        && let Some(m) = spec.driver.as_ref().and_then(|d| d.manager.as_ref())
+    {
+        // The driver manager's image may come from another registry.
+        for s in &m.image_pull_secrets {
+            if !pull_secrets.contains(s) {
+                pull_secrets.push(s.clone());
+            }
+        }
+    }
+    let pull_secrets = (!pull_secrets.is_empty()).then(|| {
+        pull_secrets
             .iter()
             .map(|s| k8s_openapi::api::core::v1::LocalObjectReference { name: s.clone() })
             .collect()
@@ -1072,6 +1115,8 @@ fn policy_for_driver(policy: &ClusterPolicy, driver: &NvidiaDriver) -> ClusterPo
         },
         use_precompiled: s.use_precompiled,
         kernel_module_type: Some(s.kernel_module_type.as_str().to_string()),
+        startup_probe: s.startup_probe.clone(),
+        manager: s.manager.clone(),
         ..DriverSpec::default()
     });
     let ds = p.spec.daemonsets.get_or_insert_with(Default::default);

@@ -490,3 +490,110 @@ fn nvidias_toolkit_image_keeps_nvidias_toolkit_contract() {
         "NVIDIA's toolkit needs no API access"
     );
 }
+
+fn driver_pod_of(policy: &ClusterPolicy) -> k8s_openapi::api::core::v1::PodSpec {
+    let ctx = render::RenderContext {
+        policy,
+        namespace: "gpu-operator",
+    };
+    let pool = gpu_stack_core::operator::driver::DriverPool {
+        name: "nvidia-driver-daemonset-ubuntu22.04".into(),
+        os: gpu_stack_core::operator::driver::OsInfo {
+            id: "ubuntu".into(),
+            version_id: "22.04".into(),
+            version_major: None,
+        },
+        kernel: None,
+        selector: Default::default(),
+        image: "nvcr.io/nvidia/driver:570.124.06-ubuntu22.04".into(),
+        kernel_module_type: gpu_stack_core::operator::driver::KernelModuleType::Open,
+        nodes: vec!["gpu-0".into()],
+        excluded: vec![],
+    };
+    pod_of(&render::daemonset(&ctx, Component::Driver, Some(&pool))).clone()
+}
+
+#[test]
+fn driver_manager_and_startup_probe_follow_the_policy_over_nvidias_defaults() {
+    let stock = driver_pod_of(&policy_with(serde_json::json!({})));
+    let manager = &stock.init_containers.as_ref().expect("init containers")[0];
+    assert_eq!(
+        manager.image.as_deref(),
+        Some("nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0")
+    );
+    let probe = stock.containers[0]
+        .startup_probe
+        .as_ref()
+        .expect("a startup probe");
+    assert_eq!(
+        (
+            probe.initial_delay_seconds,
+            probe.period_seconds,
+            probe.failure_threshold
+        ),
+        (Some(60), Some(10), Some(120))
+    );
+
+    let tuned = driver_pod_of(&policy_with(serde_json::json!({"driver": {
+        "manager": {
+            "repository": "registry.example/mirror",
+            "image": "driver-manager",
+            "version": "v9",
+            "imagePullPolicy": "Never",
+            "imagePullSecrets": ["mirror-pull"],
+            "env": [
+                {"name": "ENABLE_GPU_POD_EVICTION", "value": "false"},
+                {"name": "DRAIN_USE_FORCE", "value": "true"},
+            ],
+        },
+        "startupProbe": {"initialDelaySeconds": 1, "periodSeconds": 2},
+    }})));
+    let manager = &tuned.init_containers.as_ref().expect("init containers")[0];
+    assert_eq!(manager.name, "k8s-driver-manager");
+    assert_eq!(
+        manager.image.as_deref(),
+        Some("registry.example/mirror/driver-manager:v9")
+    );
+    assert_eq!(manager.image_pull_policy.as_deref(), Some("Never"));
+    let env: Vec<(String, Option<String>)> = manager
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone()))
+        .collect();
+    let value = |name: &str| {
+        let hits: Vec<_> = env.iter().filter(|(n, _)| n == name).collect();
+        assert_eq!(hits.len(), 1, "{name} once in {env:?}");
+        hits[0].1.clone()
+    };
+    assert_eq!(value("ENABLE_GPU_POD_EVICTION").as_deref(), Some("false"));
+    assert_eq!(value("DRAIN_USE_FORCE").as_deref(), Some("true"));
+    assert_eq!(value("ENABLE_AUTO_DRAIN").as_deref(), Some("false"));
+    let secrets: Vec<String> = tuned
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|s| s.name.clone())
+        .collect();
+    assert_eq!(secrets, ["mirror-pull"]);
+    let probe = tuned.containers[0]
+        .startup_probe
+        .as_ref()
+        .expect("a startup probe");
+    assert_eq!(
+        (
+            probe.initial_delay_seconds,
+            probe.period_seconds,
+            probe.failure_threshold,
+            probe.timeout_seconds
+        ),
+        (Some(1), Some(2), Some(120), Some(60))
+    );
+    // The probe still checks the driver the NVIDIA way.
+    let cmd = probe
+        .exec
+        .as_ref()
+        .and_then(|e| e.command.clone())
+        .unwrap_or_default();
+    assert!(cmd.join(" ").contains("nvidia-smi && touch"), "{cmd:?}");
+}

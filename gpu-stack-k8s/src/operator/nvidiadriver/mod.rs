@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::clusterpolicy::{Condition, EnvVar, Extra, Resources, Toleration};
+pub use crate::clusterpolicy::{ContainerProbeSpec, DriverManagerSpec};
 
 /// The image NVIDIA's CRD defaults `spec.image` to (a full path: with no
 /// `repository`, it is used as is).
@@ -292,31 +293,6 @@ fn state_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-/// A container probe's timing (the probe itself is the driver container's).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ContainerProbeSpec {
-    /// Seconds after the container starts before the first probe.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initial_delay_seconds: Option<i32>,
-    /// Seconds after which a probe times out (at least 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub timeout_seconds: Option<i32>,
-    /// Seconds between probes (at least 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub period_seconds: Option<i32>,
-    /// Successes after a failure before the probe passes (at least 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub success_threshold: Option<i32>,
-    /// Failures after a success before the probe fails (at least 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub failure_threshold: Option<i32>,
-}
-
 /// `spec.rdma`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -360,31 +336,6 @@ pub struct AddonDriverSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     /// Extra container env.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<EnvVar>,
-}
-
-/// `spec.manager`: the k8s-driver-manager init container.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DriverManagerSpec {
-    /// Image registry and path.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub repository: Option<String>,
-    /// Image name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"[a-zA-Z0-9\-]+"))]
-    pub image: Option<String>,
-    /// Image tag.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    /// `Always`, `IfNotPresent` or `Never`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_policy: Option<String>,
-    /// Pull secret names.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub image_pull_secrets: Vec<String>,
-    /// Env of the driver manager.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
 }
@@ -523,7 +474,6 @@ impl NvidiaDriverSpec {
                 out.push(format!("spec.{name}"));
             }
         };
-        present("startupProbe", self.startup_probe.is_some());
         present("livenessProbe", self.liveness_probe.is_some());
         present("readinessProbe", self.readiness_probe.is_some());
         present(
@@ -538,7 +488,6 @@ impl NvidiaDriverSpec {
             "gdrcopy",
             present_and_enabled(self.gdrcopy.as_ref().map(|g| g.enabled)),
         );
-        present("manager", self.manager.is_some());
         present("repoConfig", self.repo_config.is_some());
         present("certConfig", self.cert_config.is_some());
         present("licensingConfig", self.licensing_config.is_some());

@@ -129,9 +129,7 @@ fn unsupported_fields_are_listed_not_dropped() {
         [
             "spec.futureField",
             "spec.licensingConfig",
-            "spec.manager",
             "spec.nodeAffinity",
-            "spec.startupProbe",
         ]
     );
     // Disabled add-ons, hostNetwork=false and the upgrade policy are quiet.
