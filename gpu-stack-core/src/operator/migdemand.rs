@@ -21,7 +21,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::labels::{Labels, MIG_CONFIG};
+use super::migconfig::{MAX_NAME, MigConfigPlan, MigNode, NodeState, NodeStatus, entry_name};
+use super::migusage::NodeUsage;
+use crate::catalog;
 use crate::mig::{Demand, FleetGpu, MigProfileName, PlacedInstance, PlanError, plan_fleet};
+use crate::migmanager::labels::MIG_CONFIG_STATE_LABEL;
+use crate::migparted::{Devices, MigConfigSpec, NamedConfig};
 
 /// Resource name prefix of MIG devices under the `mixed` strategy.
 pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
@@ -202,6 +208,302 @@ pub fn decide(
         .filter_map(|p| Some((p.profile.parse().ok()?, p.unmet)))
         .collect();
     Ok(out)
+}
+
+/// Longest name of a MigConfig in demand mode: its generated per-node
+/// configs add `_` and eight hex digits to [`entry_name`].
+pub const MAX_DEMAND_NAME: usize = MAX_NAME - 9;
+
+/// Most decided nodes a MigConfig's status keeps.
+pub const MAX_DECIDED_NODES: usize = 1000;
+
+/// Whether two node selectors can hold on one node: every key both name
+/// has the same value in both.
+pub fn selector_compatible(a: &Labels, b: &Labels) -> bool {
+    a.iter().all(|(k, v)| b.get(k).is_none_or(|w| w == v))
+}
+
+/// A pod the scheduler has not placed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingPod {
+    /// Its `spec.nodeSelector`.
+    pub node_selector: Labels,
+    /// Its extended resource requests, `(resource, count)`, summed over
+    /// its containers.
+    pub requests: Vec<(String, u32)>,
+}
+
+/// Pending MIG demand per demand-mode MigConfig (`(name, nodeSelector)`).
+/// A pod asking for `nvidia.com/mig-<profile>` counts for the first
+/// MigConfig, by name, whose selector is compatible with the pod's, so no
+/// pod is counted twice; pods without MIG requests, or that no MigConfig
+/// fits, count for none.
+pub fn pending_per_config(
+    configs: &[(String, Labels)],
+    pods: &[PendingPod],
+) -> BTreeMap<String, Demand> {
+    let mut order: Vec<&(String, Labels)> = configs.iter().collect();
+    order.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut per: BTreeMap<String, Vec<(&str, u32)>> = BTreeMap::new();
+    for pod in pods {
+        if !pod
+            .requests
+            .iter()
+            .any(|(r, n)| *n > 0 && profile_of_resource(r).is_some())
+        {
+            continue;
+        }
+        if let Some((name, _)) = order
+            .iter()
+            .find(|(_, sel)| selector_compatible(sel, &pod.node_selector))
+        {
+            per.entry(name.clone())
+                .or_default()
+                .extend(pod.requests.iter().map(|(r, n)| (r.as_str(), *n)));
+        }
+    }
+    per.into_iter()
+        .map(|(name, reqs)| (name, demand_from_requests(reqs)))
+        .collect()
+}
+
+/// A layout decided for one node, as a MigConfig's status remembers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decided {
+    /// Node name.
+    pub node: String,
+    /// When it was decided (unix seconds).
+    pub at: u64,
+    /// Each GPU's target layout, by index.
+    pub gpus: Vec<(u32, Vec<PlacedInstance>)>,
+}
+
+fn counts(layout: &[PlacedInstance]) -> Demand {
+    let mut out: Demand = Vec::new();
+    for i in layout {
+        match out.iter_mut().find(|(p, _)| *p == i.profile) {
+            Some((_, n)) => *n += 1,
+            None => out.push((i.profile.clone(), 1)),
+        }
+    }
+    out.sort_by_key(|(p, _)| p.to_string());
+    out
+}
+
+/// The generated mig-parted config of a decided node layout: one entry per
+/// GPU (`devices: [i]`, MIG on, the layout's profile counts), named
+/// `gpustack-<migconfig>_<hash>` after its content, so the node label
+/// changes whenever the layout does and nodes with one layout share a name.
+pub fn node_config(migconfig: &str, gpus: &[(u32, Vec<PlacedInstance>)]) -> NamedConfig {
+    let mut gpus: Vec<&(u32, Vec<PlacedInstance>)> = gpus.iter().collect();
+    gpus.sort_by_key(|(i, _)| *i);
+    let entries: Vec<MigConfigSpec> = gpus
+        .iter()
+        .map(|(i, layout)| MigConfigSpec {
+            device_filter: Vec::new(),
+            devices: Devices::Indices(vec![*i]),
+            mig_enabled: true,
+            mig_devices: counts(layout),
+        })
+        .collect();
+    // FNV-1a over the content: stable across releases and platforms.
+    let mut h: u32 = 0x811c_9dc5;
+    for (i, layout) in &gpus {
+        let part = format!(
+            "{i}:{};",
+            counts(layout)
+                .iter()
+                .map(|(p, n)| format!("{p}={n}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        for b in part.bytes() {
+            h ^= u32::from(b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+    }
+    NamedConfig {
+        name: format!("{}_{h:08x}", entry_name(migconfig)),
+        entries,
+    }
+}
+
+/// The planner's view of one node of a demand-mode MigConfig, from what its
+/// MIG manager published (`usage`) and the last layout decided for it.
+/// While a decision is not applied yet (the label does not name it, the MIG
+/// manager has not reported success, or the published layout differs),
+/// the node is planned as holding the decided layout, so a later decision
+/// neither undoes it nor serves its pending pods a second time elsewhere.
+/// GPUs of models without MIG geometry are left out; `None` without usage.
+pub fn demand_node(
+    name: &str,
+    usage: Option<&NodeUsage>,
+    decided: Option<&Decided>,
+    labels: &Labels,
+    migconfig: &str,
+) -> Option<DemandNode<'static>> {
+    let usage = usage?.normalized();
+    let settled = decided.is_none_or(|d| {
+        labels.get(MIG_CONFIG) == Some(&node_config(migconfig, &d.gpus).name)
+            && labels.get(MIG_CONFIG_STATE_LABEL).map(String::as_str) == Some("success")
+            && d.gpus.iter().all(|(i, target)| {
+                usage
+                    .gpus
+                    .iter()
+                    .find(|g| g.index == *i)
+                    .is_some_and(|g| counts(&g.layout) == counts(target))
+            })
+    });
+    let gpus = usage
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let geometry = catalog::lookup(&g.model).ok()?.mig.as_ref()?;
+            let target = decided
+                .filter(|_| !settled)
+                .and_then(|d| d.gpus.iter().find(|(i, _)| *i == g.index))
+                .map(|(_, t)| t.clone());
+            let (mig_enabled, current) = match target {
+                Some(t) => (true, t),
+                None => (g.mig_enabled, g.layout.clone()),
+            };
+            let in_use = g
+                .in_use
+                .iter()
+                .filter(|i| current.contains(i))
+                .cloned()
+                .collect();
+            Some(FleetGpu {
+                id: g.index.to_string(),
+                geometry,
+                mig_enabled,
+                current,
+                in_use,
+            })
+        })
+        .collect();
+    Some(DemandNode {
+        name: name.to_string(),
+        gpus,
+        last_change: decided.map(|d| d.at),
+    })
+}
+
+/// The decisions of one [`decide`] as [`Decided`] records at `now`.
+pub fn decided_from(decision: &DemandDecision, now: u64) -> Vec<Decided> {
+    decision
+        .changes
+        .iter()
+        .map(|c| Decided {
+            node: c.node.clone(),
+            at: now,
+            gpus: c
+                .gpus
+                .iter()
+                .filter_map(|(id, t)| Some((id.parse().ok()?, t.clone())))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Merges new decisions into the remembered ones: a node's newest decision
+/// wins; nodes no longer selected are dropped; at most
+/// [`MAX_DECIDED_NODES`], newest first kept.
+pub fn merge_decided(old: &[Decided], new: &[Decided], selected: &[&str]) -> Vec<Decided> {
+    let mut by: BTreeMap<&str, &Decided> = BTreeMap::new();
+    for d in old.iter().chain(new) {
+        if selected.contains(&d.node.as_str()) {
+            by.insert(d.node.as_str(), d);
+        }
+    }
+    let mut out: Vec<Decided> = by.into_values().cloned().collect();
+    if out.len() > MAX_DECIDED_NODES {
+        out.sort_by(|a, b| b.at.cmp(&a.at).then(a.node.cmp(&b.node)));
+        out.truncate(MAX_DECIDED_NODES);
+        out.sort_by(|a, b| a.node.cmp(&b.node));
+    }
+    out
+}
+
+/// Lays the decided layouts of demand-mode MigConfig `migconfig` over the
+/// static plan: each decided node it validly holds gets its generated
+/// config (added to the entries) in its label instead of the MigConfig's
+/// starting layout, and its status says whether the MIG manager applied
+/// it. A node whose label already names one of its generated configs keeps
+/// it (the config stays in the file while named). Nodes refused in the plan
+/// are left as they are.
+pub fn apply_decisions(
+    plan: &mut MigConfigPlan,
+    migconfig: &str,
+    decided: &[Decided],
+    nodes: &[MigNode],
+) {
+    let prefix = format!("{}_", entry_name(migconfig));
+    let Some(statuses) = plan.statuses.get_mut(migconfig) else {
+        return;
+    };
+    let counts = plan.counts.entry(migconfig.to_string()).or_default();
+    for status in statuses.iter_mut() {
+        if status.state == NodeState::Invalid {
+            continue;
+        }
+        let Some(node) = nodes.iter().find(|n| n.name == status.node) else {
+            continue;
+        };
+        let label = node.labels.get(MIG_CONFIG);
+        let wanted = match decided.iter().find(|d| d.node == node.name) {
+            Some(d) => {
+                let cfg = node_config(migconfig, &d.gpus);
+                let name = cfg.name.clone();
+                if !plan.entries.iter().any(|e| e.name == name) {
+                    plan.entries.push(cfg);
+                }
+                name
+            }
+            None => match label {
+                Some(l) if l.starts_with(&prefix) => l.clone(),
+                _ => continue,
+            },
+        };
+        if label == Some(&wanted) {
+            plan.labels.remove(&node.name);
+        } else {
+            plan.labels.insert(
+                node.name.clone(),
+                [(MIG_CONFIG.to_string(), Some(wanted.clone()))].into(),
+            );
+        }
+        let state = node.labels.get(MIG_CONFIG_STATE_LABEL).map(String::as_str);
+        let applied = label == Some(&wanted) && state == Some("success");
+        let new = NodeStatus {
+            node: node.name.clone(),
+            state: if applied {
+                NodeState::Applied
+            } else {
+                NodeState::Pending
+            },
+            reason: if applied {
+                String::new()
+            } else if label == Some(&wanted) && state == Some("failed") {
+                format!(
+                    "the MIG manager failed to apply the demand layout {wanted}; see its log and the node's events"
+                )
+            } else {
+                format!("waiting for the MIG manager to apply the demand layout {wanted}")
+            },
+        };
+        match status.state {
+            NodeState::Applied => counts.applied = counts.applied.saturating_sub(1),
+            NodeState::Pending => counts.pending = counts.pending.saturating_sub(1),
+            NodeState::Invalid => {}
+        }
+        match new.state {
+            NodeState::Applied => counts.applied += 1,
+            _ => counts.pending += 1,
+        }
+        *status = new;
+    }
+    plan.entries.sort_by(|a, b| a.name.cmp(&b.name));
 }
 
 #[cfg(test)]

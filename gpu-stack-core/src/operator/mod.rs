@@ -10,6 +10,8 @@
 //!   and mig-parted config, with a per-node verdict.
 //! - [`migdemand`]: demand-driven MIG, which nodes change layout for the
 //!   MIG instances pending pods ask for.
+//! - [`migusage`]: the annotation a node's MIG manager publishes: its
+//!   GPUs' layouts and which instances are in use.
 //! - [`nvidiadriver`]: NVIDIADriver routing (which resource owns each GPU
 //!   node's driver) and its validation.
 //! - [`validation`]: the per-node validator's checks and the status files it writes.
@@ -23,6 +25,7 @@ pub mod driver;
 pub mod labels;
 pub mod migconfig;
 pub mod migdemand;
+pub mod migusage;
 pub mod nvidiadriver;
 pub mod upgrade;
 pub mod validation;

@@ -222,3 +222,227 @@ proptest! {
         prop_assert!(after >= before, "{after} < {before}");
     }
 }
+
+mod cluster_side {
+    use super::*;
+    use crate::migparted::MigPartedConfig;
+    use crate::operator::migconfig::{
+        LayoutRule, LayoutSource, MigConfigInput, MigNode, NodeState, plan_mig_configs,
+    };
+    use crate::operator::migusage::{GpuUsage, NodeUsage};
+
+    fn i(s: &str) -> PlacedInstance {
+        s.parse().unwrap()
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn all_1g() -> Vec<PlacedInstance> {
+        (0..7)
+            .map(|s| PlacedInstance::new(p("1g.10gb"), s))
+            .collect()
+    }
+
+    fn usage(gpus: &[(Vec<PlacedInstance>, Vec<PlacedInstance>)]) -> NodeUsage {
+        NodeUsage {
+            gpus: gpus
+                .iter()
+                .enumerate()
+                .map(|(k, (layout, in_use))| GpuUsage {
+                    index: k as u32,
+                    model: "H100-SXM5-80GB".into(),
+                    mig_enabled: true,
+                    layout: layout.clone(),
+                    in_use: in_use.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_pod_counts_for_the_first_compatible_migconfig_only() {
+        let configs = vec![
+            ("b".to_string(), labels(&[("pool", "x")])),
+            ("a".to_string(), labels(&[("pool", "y")])),
+        ];
+        let pods = vec![
+            PendingPod {
+                node_selector: labels(&[("pool", "x")]),
+                requests: vec![("nvidia.com/mig-1g.10gb".into(), 2)],
+            },
+            PendingPod {
+                node_selector: Labels::new(),
+                requests: vec![("nvidia.com/mig-3g.40gb".into(), 1)],
+            },
+            PendingPod {
+                node_selector: labels(&[("pool", "z")]),
+                requests: vec![("nvidia.com/mig-3g.40gb".into(), 1)],
+            },
+            PendingPod {
+                node_selector: Labels::new(),
+                requests: vec![("nvidia.com/gpu".into(), 1)],
+            },
+        ];
+        let per = pending_per_config(&configs, &pods);
+        assert_eq!(per["b"], vec![(p("1g.10gb"), 2)]);
+        assert_eq!(per["a"], vec![(p("3g.40gb"), 1)]);
+        assert_eq!(per.len(), 2);
+    }
+
+    #[test]
+    fn a_node_config_names_its_content_and_lists_each_gpu() {
+        let a = node_config("inf", &[(1, vec![i("3g.40gb@4")]), (0, all_1g())]);
+        let b = node_config("inf", &[(0, all_1g()), (1, vec![i("3g.40gb@0")])]);
+        let c = node_config(
+            "inf",
+            &[(0, all_1g()), (1, vec![i("3g.40gb@4"), i("1g.10gb@0")])],
+        );
+        assert_eq!(a.name, b.name, "placements do not change the name");
+        assert_ne!(a.name, c.name);
+        assert!(a.name.starts_with("gpustack-inf_") && a.name.len() == "gpustack-inf_".len() + 8);
+        assert_eq!(a.entries.len(), 2);
+        assert_eq!(a.entries[0].devices, Devices::Indices(vec![0]));
+        assert_eq!(a.entries[0].mig_devices, vec![(p("1g.10gb"), 7)]);
+        assert_eq!(a.entries[1].mig_devices, vec![(p("3g.40gb"), 1)]);
+        // mig-parted reads what entries_yaml writes.
+        let text = format!(
+            "version: v1\nmig-configs:{}",
+            crate::operator::migconfig::entries_yaml(std::slice::from_ref(&a))
+        );
+        let parsed = MigPartedConfig::from_yaml(&text).unwrap();
+        assert_eq!(parsed.get(&a.name).unwrap().entries, a.entries);
+    }
+
+    #[test]
+    fn an_unapplied_decision_is_planned_as_the_decided_layout() {
+        let d = Decided {
+            node: "n".into(),
+            at: 100,
+            gpus: vec![(0, vec![i("3g.40gb@0"), i("3g.40gb@4")])],
+        };
+        let u = usage(&[(all_1g(), vec![i("1g.10gb@6")])]);
+        let cfg = node_config("m", &d.gpus).name;
+        let pending = labels(&[
+            (MIG_CONFIG, cfg.as_str()),
+            (MIG_CONFIG_STATE_LABEL, "pending"),
+        ]);
+        let n = demand_node("n", Some(&u), Some(&d), &pending, "m").unwrap();
+        assert_eq!(n.gpus[0].current, d.gpus[0].1);
+        assert!(n.gpus[0].in_use.is_empty());
+        assert_eq!(n.last_change, Some(100));
+        // Applied and published: the published layout is the truth.
+        let done = labels(&[
+            (MIG_CONFIG, cfg.as_str()),
+            (MIG_CONFIG_STATE_LABEL, "success"),
+        ]);
+        let u2 = usage(&[(d.gpus[0].1.clone(), vec![i("3g.40gb@0")])]);
+        let n = demand_node("n", Some(&u2), Some(&d), &done, "m").unwrap();
+        assert_eq!(n.gpus[0].in_use, vec![i("3g.40gb@0")]);
+        assert!(demand_node("n", None, Some(&d), &done, "m").is_none());
+    }
+
+    #[test]
+    fn decisions_replace_the_starting_layout_in_labels_and_status() {
+        let shipped = MigPartedConfig::default_config().unwrap();
+        let cr = MigConfigInput {
+            name: "m".into(),
+            node_selector: labels(&[("pool", "d")]),
+            rules: vec![LayoutRule {
+                model: None,
+                source: LayoutSource::Profiles(vec![(p("1g.10gb"), 7)]),
+            }],
+        };
+        let d = Decided {
+            node: "a".into(),
+            at: 5,
+            gpus: vec![(0, vec![i("3g.40gb@0"), i("3g.40gb@4")])],
+        };
+        let cfg = node_config("m", &d.gpus).name;
+        let nodes = vec![
+            MigNode {
+                name: "a".into(),
+                labels: labels(&[("pool", "d"), (MIG_CONFIG, "gpustack-m")]),
+                models: vec!["H100-SXM5-80GB".into()],
+            },
+            MigNode {
+                name: "b".into(),
+                labels: labels(&[("pool", "d")]),
+                models: vec!["H100-SXM5-80GB".into()],
+            },
+            MigNode {
+                name: "c".into(),
+                labels: labels(&[
+                    ("pool", "d"),
+                    (MIG_CONFIG, "gpustack-m_0badc0de"),
+                    (MIG_CONFIG_STATE_LABEL, "success"),
+                ]),
+                models: vec!["H100-SXM5-80GB".into()],
+            },
+        ];
+        let mut plan = plan_mig_configs(&[cr], &nodes, &shipped, &MigPartedConfig::default());
+        apply_decisions(&mut plan, "m", &[d], &nodes);
+        assert_eq!(plan.labels["a"][MIG_CONFIG], Some(cfg.clone()));
+        assert_eq!(plan.labels["b"][MIG_CONFIG], Some("gpustack-m".into()));
+        assert!(!plan.labels.contains_key("c"), "a generated layout stays");
+        assert!(plan.entries.iter().any(|e| e.name == cfg));
+        let st = &plan.statuses["m"];
+        assert_eq!(st[0].state, NodeState::Pending);
+        assert!(st[0].reason.contains(&cfg));
+        assert_eq!(st[2].state, NodeState::Applied);
+        let c = plan.counts["m"];
+        assert_eq!((c.applied, c.pending, c.invalid), (1, 2, 0));
+    }
+
+    #[test]
+    fn merging_keeps_the_newest_decision_of_selected_nodes() {
+        let d = |node: &str, at| Decided {
+            node: node.into(),
+            at,
+            gpus: vec![],
+        };
+        let merged = merge_decided(
+            &[d("a", 1), d("b", 1)],
+            &[d("a", 9), d("c", 9)],
+            &["a", "c"],
+        );
+        assert_eq!(merged, vec![d("a", 9), d("c", 9)]);
+    }
+
+    proptest! {
+        /// Compatibility is symmetric, and a selector is compatible with
+        /// any superset of itself.
+        #[test]
+        fn compatibility_is_symmetric(
+            a in prop::collection::btree_map("[ab]", "[xy]", 0..3),
+            b in prop::collection::btree_map("[ab]", "[xy]", 0..3),
+        ) {
+            prop_assert_eq!(selector_compatible(&a, &b), selector_compatible(&b, &a));
+            let mut sup = a.clone();
+            sup.extend(b.iter().filter(|(k, _)| !a.contains_key(*k)).map(|(k, v)| (k.clone(), v.clone())));
+            prop_assert!(selector_compatible(&a, &sup));
+        }
+
+        /// An in-flight decision keeps every instance in use that it kept,
+        /// and the node is planned on the decided layout.
+        #[test]
+        fn in_flight_nodes_keep_in_use_instances(used in prop::collection::vec(0u32..7, 0..7)) {
+            let in_use: Vec<PlacedInstance> = used.iter().map(|s| PlacedInstance::new(p("1g.10gb"), *s)).collect();
+            let mut target: Vec<PlacedInstance> = in_use.clone();
+            target.sort_by_key(|x| x.start);
+            target.dedup();
+            let d = Decided { node: "n".into(), at: 1, gpus: vec![(0, target.clone())] };
+            let u = usage(&[(all_1g(), in_use.clone())]);
+            let n = demand_node("n", Some(&u), Some(&d), &Labels::new(), "m").unwrap();
+            prop_assert_eq!(&n.gpus[0].current, &target);
+            for x in &n.gpus[0].in_use {
+                prop_assert!(target.contains(x));
+            }
+            prop_assert_eq!(n.gpus[0].in_use.len(), u.normalized().gpus[0].in_use.len());
+        }
+    }
+}
