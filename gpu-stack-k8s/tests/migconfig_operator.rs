@@ -229,3 +229,80 @@ fn a_configmap_of_the_users_is_left_alone_and_the_status_says_so() {
     assert_eq!(state, "False");
     assert!(message.contains("my-mig-config"), "{message}");
 }
+
+#[test]
+fn a_demand_decision_relabels_its_node_with_a_generated_per_node_config() {
+    use gpu_stack_core::operator::migdemand::{Decided, node_config};
+    use gpu_stack_k8s::operator::migconfig::{MigDemandNode, MigDemandStatus};
+
+    let op = operator(serde_json::json!({}));
+    op.cluster().upsert_mig_config(mig_config(
+        "dem",
+        serde_json::json!({
+            "nodeSelector": {"pool": "mig"},
+            "mode": "Demand",
+            "demand": {"minIntervalSeconds": 0, "batchSeconds": 1},
+            "layouts": [
+                {"gpuModel": "H100-SXM5-80GB", "profiles": {"1g.10gb": 7}},
+                {"config": "all-1g.5gb"},
+            ],
+        }),
+    ));
+    converge(&op);
+    assert_eq!(
+        label(&op, "hgx-h100-0", MIG_CONFIG).as_deref(),
+        Some("gpustack-dem"),
+        "the starting layout first"
+    );
+    // What the demand controller records for one node.
+    let decided = Decided {
+        node: "hgx-h100-0".into(),
+        at: 1_700_000_000,
+        gpus: vec![
+            (
+                0,
+                vec!["3g.40gb@0".parse().unwrap(), "3g.40gb@4".parse().unwrap()],
+            ),
+            (
+                1,
+                (0..7)
+                    .map(|s| format!("1g.10gb@{s}").parse().unwrap())
+                    .collect(),
+            ),
+        ],
+    };
+    let name = node_config("dem", &decided.gpus).name;
+    let mut st = status(&op, "dem");
+    st.demand = Some(MigDemandStatus {
+        message: "changed the layout of 1 node(s)".into(),
+        nodes: vec![MigDemandNode::from_decided("dem", &decided)],
+        ..MigDemandStatus::default()
+    });
+    block_on(op.cluster().update_mig_config_status("dem", &st)).unwrap();
+    converge(&op);
+    assert_eq!(label(&op, "hgx-h100-0", MIG_CONFIG), Some(name.clone()));
+    assert_eq!(
+        label(&op, "dgx-a100-0", MIG_CONFIG).as_deref(),
+        Some("gpustack-dem"),
+        "an undecided node keeps the starting layout"
+    );
+    let file = mig_file(&op);
+    let entry = file.get(&name).expect("the per-node config");
+    assert_eq!(entry.entries.len(), 2);
+    assert_eq!(
+        entry.entries[0].devices,
+        gpu_stack_core::migparted::Devices::Indices(vec![0])
+    );
+    assert!(file.get("gpustack-dem").is_some());
+    let st = status(&op, "dem");
+    let node = st.nodes.iter().find(|n| n.name == "hgx-h100-0").unwrap();
+    assert_eq!(node.state, "Pending");
+    assert!(node.reason.contains(&name), "{}", node.reason);
+    assert!(st.demand.is_some(), "the status pass keeps the decision");
+    report_applied(&op, "hgx-h100-0");
+    converge(&op);
+    let st = status(&op, "dem");
+    let node = st.nodes.iter().find(|n| n.name == "hgx-h100-0").unwrap();
+    assert_eq!(node.state, "Applied");
+    assert_eq!(st.demand.unwrap().nodes[0].config_name, name);
+}

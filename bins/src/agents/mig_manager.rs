@@ -63,6 +63,10 @@ pub struct Args {
     /// spec generator to re-read the MIG devices.
     #[arg(long, value_name = "PATH", env = "MIG_SIGNAL_FILE")]
     signal_file: Option<PathBuf>,
+    /// Do not publish the GPUs' layouts and in-use instances in the node's
+    /// `gpustack.io/mig-usage` annotation (demand-driven MIG reads it).
+    #[arg(long)]
+    no_publish_usage: bool,
     /// This replica's name in Events.
     #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
@@ -102,6 +106,7 @@ pub async fn manage(args: Args) -> Result<()> {
         reboot_hook: args.reboot_hook,
         reboot_hook_timeout: Duration::from_secs(args.reboot_hook_timeout_seconds.max(1)),
         instance: args.pod_name,
+        publish_usage: !args.no_publish_usage,
     };
     run(client, backend, options, shutdown_signal())
         .await

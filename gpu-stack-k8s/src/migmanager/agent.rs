@@ -23,14 +23,19 @@ use futures::{Stream, StreamExt};
 use gpu_stack_core::backend::GpuBackend;
 use gpu_stack_core::migmanager::{MIG_CONFIG_LABEL, MigConfigState};
 use gpu_stack_core::migparted::MigPartedConfig;
+use gpu_stack_core::operator::migusage;
 use gpu_stack_nvml::migapply::NoProcesses;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use super::kube_node::KubeNode;
-use super::{GpuWorker, ManagerError, ManagerOptions, NodeApi, PassResult, reconcile_on};
+use super::usage::{MIG_USAGE_ANNOTATION, requested_on_node, usage_of};
+use super::{
+    GpuWorker, ManagerError, ManagerOptions, NodeApi, NodePatch, PassResult, reconcile_on,
+};
 
 /// Default bound on the reboot hook: long enough for a drain and a reboot
 /// command, short enough that a hung hook is noticed.
@@ -55,6 +60,10 @@ pub struct AgentOptions {
     pub reboot_hook_timeout: Duration,
     /// This replica's name in Events (the pod name).
     pub instance: Option<String>,
+    /// Publish the GPUs' layouts and in-use instances in the node's
+    /// [`MIG_USAGE_ANNOTATION`] for demand-driven MIG (watches the pods
+    /// bound to this node).
+    pub publish_usage: bool,
 }
 
 /// Why the manager process stopped.
@@ -235,7 +244,7 @@ pub async fn run(
     let node_name = opts.manager.node.clone();
     let mut config = ConfigWatch::new(opts.config_file.clone(), load_config(&opts.config_file)?);
     let api = KubeNode::new(client.clone(), opts.instance.clone());
-    let nodes: Api<PartialObjectMeta<Node>> = Api::all(client);
+    let nodes: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
     let watch_cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
     let mut changes = watcher(nodes, watch_cfg)
         .default_backoff()
@@ -244,6 +253,27 @@ pub async fn run(
         // A pass stops polling it once it ends; the loop then sees the end.
         .fuse();
     let gpu = GpuWorker::new(Arc::clone(&backend), Arc::new(NoProcesses));
+    // The pods bound to this node, for the usage annotation; `true` from the
+    // stream once the first list is complete (never publish before: an
+    // empty list would hide instances in use).
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let mut pod_changes = if opts.publish_usage {
+        watcher(
+            Api::<Pod>::all(client),
+            watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
+        )
+        .default_backoff()
+        .modify(|p: &mut Pod| p.metadata.managed_fields = None)
+        .reflect(pod_writer)
+        .map(|e| matches!(e, Ok(watcher::Event::InitDone)))
+        .boxed()
+    } else {
+        futures::stream::pending().boxed()
+    }
+    .fuse();
+    let mut pods_synced = false;
+    let mut usage_dirty = false;
+    let mut published: Option<String> = None;
     let mut ticker = tokio::time::interval(opts.config_poll.max(Duration::from_millis(10)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     tokio::pin!(shutdown);
@@ -271,6 +301,7 @@ pub async fn run(
             )
             .await;
             dirty = changed_during;
+            usage_dirty = true;
             let result = match end {
                 PassEnd::Done(result) => result,
                 PassEnd::Stopped { .. } => return Ok(()),
@@ -307,6 +338,10 @@ pub async fn run(
                 }
             }
         }
+        if usage_dirty && pods_synced && !gpu.busy() {
+            usage_dirty = false;
+            publish_usage(&api, &node_name, &gpu, &pods, &mut published).await;
+        }
         let retry_sleep =
             tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now));
         tokio::select! {
@@ -323,7 +358,53 @@ pub async fn run(
                 }
             }
             () = retry_sleep, if retry_at.is_some() => dirty = true,
+            Some(synced) = pod_changes.next(), if !pod_changes.is_terminated() => {
+                pods_synced |= synced;
+                usage_dirty = true;
+            }
         }
+    }
+}
+
+/// Publishes the GPUs' layouts and in-use instances in the node's
+/// [`MIG_USAGE_ANNOTATION`] when they differ from what was last published.
+/// Failures are logged; the next change publishes again.
+async fn publish_usage(
+    api: &KubeNode,
+    node: &str,
+    gpu: &GpuWorker,
+    pods: &Store<Pod>,
+    published: &mut Option<String>,
+) {
+    let snapshots = match gpu.snapshot().await {
+        Ok(s) => s,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the GPUs for the MIG usage annotation");
+            return;
+        }
+    };
+    let state = pods.state();
+    let requested = requested_on_node(state.iter().map(|p| p.as_ref()));
+    let text = match migusage::encode(&usage_of(&snapshots, &requested)) {
+        Ok(t) => t,
+        Err(error) => {
+            tracing::warn!(%error, "MIG usage not published");
+            return;
+        }
+    };
+    if published.as_deref() == Some(text.as_str()) {
+        return;
+    }
+    let patch = NodePatch {
+        annotations: [(MIG_USAGE_ANNOTATION.to_string(), Some(text.clone()))].into(),
+        ..NodePatch::default()
+    };
+    match api.patch(node, &patch).await {
+        Ok(()) => {
+            tracing::debug!(usage = %text, "MIG usage published");
+            *published = Some(text);
+        }
+        Err(error) => tracing::warn!(%error, "cannot publish the MIG usage annotation"),
     }
 }
 

@@ -17,6 +17,7 @@
 
 pub mod agent;
 pub mod kube_node;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -227,6 +228,13 @@ impl GpuWorker {
         // The semaphore is never closed, so an error cannot happen; either
         // way there is nothing left to wait for.
         let _ = self.in_flight.acquire().await;
+    }
+
+    /// Reads every GPU (no change), after any GPU work in flight.
+    pub async fn snapshot(&self) -> Result<Vec<migapply::GpuSnapshot>, String> {
+        self.run(migapply::observe)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     async fn run<T: Send + 'static>(

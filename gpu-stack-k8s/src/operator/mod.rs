@@ -329,7 +329,13 @@ impl<C: Cluster> Operator<C> {
                 continue;
             };
             let name = m.name();
-            let (new, changed) = with_condition_times(wanted, m.status.as_ref(), &now);
+            // `status.demand` belongs to the demand controller: not compared
+            // (nor written: the pass leaves it out of its apply).
+            let current = m.status.as_ref().map(|s| MigConfigStatus {
+                demand: None,
+                ..s.clone()
+            });
+            let (new, changed) = with_condition_times(wanted, current.as_ref(), &now);
             if changed {
                 self.cluster
                     .update_mig_config_status(name, &new)

@@ -546,10 +546,16 @@ impl Cluster for InMemoryCluster {
                 what: format!("MigConfig/{name}"),
             });
         };
-        if m.status.as_ref() == Some(status) {
+        // As the server-side apply of the kube backend: a status without
+        // `demand` leaves the demand controller's field as it is.
+        let mut status = status.clone();
+        if status.demand.is_none() {
+            status.demand = m.status.as_ref().and_then(|s| s.demand.clone());
+        }
+        if m.status.as_ref() == Some(&status) {
             return Ok(());
         }
-        m.status = Some(status.clone());
+        m.status = Some(status);
         m.metadata.resource_version = Some(rv);
         st.writes += 1;
         Ok(())

@@ -20,6 +20,7 @@ use super::ops::{self, Readiness};
 use super::watches::{Caches, OwnedStores, node_watch, resource_watches};
 use super::{ControllerError, ControllerSettings, Pass, run_controller};
 use crate::leader::{LeaderConfig, LeaderError, Leadership};
+use crate::operator::migconfig::demand::run_demand;
 use crate::operator_metrics::OperatorMetrics;
 use crate::upgrade::controller::{UpgradeController, UpgradeSettings, run_upgrades};
 
@@ -192,6 +193,11 @@ where
     let upgrade_task = tokio::spawn(run_upgrades(upgrades, async move {
         let _ = upgrade_stop_rx.wait_for(|s| *s).await;
     }));
+    // Demand-driven MIG decisions, likewise on the leader only.
+    let (demand_stop_tx, mut demand_stop_rx) = watch::channel(false);
+    let demand_task = tokio::spawn(run_demand(client.clone(), async move {
+        let _ = demand_stop_rx.wait_for(|s| *s).await;
+    }));
     let result = run_controller(
         client,
         settings,
@@ -212,7 +218,9 @@ where
     )
     .await;
     let _ = upgrade_stop_tx.send(true);
+    let _ = demand_stop_tx.send(true);
     let _ = upgrade_task.await;
+    let _ = demand_task.await;
     metrics.leader.set(0);
 
     let lost = *lost_rx.borrow() && !*stop_rx.borrow();

@@ -7,6 +7,7 @@ use gpu_stack_core::operator::labels::{LabelPatch, Labels, MIG_CONFIG};
 use gpu_stack_core::operator::migconfig::{
     ENTRY_PREFIX, MigConfigInput, MigNode, entries_yaml, entry_name, plan_mig_configs,
 };
+use gpu_stack_core::operator::migdemand::apply_decisions;
 
 use super::render::MIG_PARTED_CONFIG_KEY;
 use super::{catalog_models_on_node, condition, reason};
@@ -129,7 +130,14 @@ pub fn plan(
                 .collect(),
         })
         .collect();
-    let plan = plan_mig_configs(&inputs, &mig_nodes, &shipped, &previous);
+    let mut plan = plan_mig_configs(&inputs, &mig_nodes, &shipped, &previous);
+    // Demand mode: the layouts decided for nodes replace the starting one.
+    for m in mig_configs
+        .iter()
+        .filter(|m| m.is_demand() && admission[m.name()].is_empty())
+    {
+        apply_decisions(&mut plan, m.name(), &m.decided(), &mig_nodes);
+    }
     out.generated = entries_yaml(&plan.entries);
     out.labels = plan.labels;
     for m in mig_configs {
@@ -206,6 +214,8 @@ pub fn plan(
                 nodes,
                 config_name: problems.is_empty().then(|| entry_name(name)),
                 observed_generation: m.metadata.generation,
+                // Owned by the demand controller; never written here.
+                demand: None,
             },
         );
     }

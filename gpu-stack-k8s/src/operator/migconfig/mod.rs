@@ -23,6 +23,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::clusterpolicy::Condition;
 
+pub mod demand;
+
 /// Pattern of a MIG profile name (`1g.10gb`, `1c.3g.40gb`, `1g.10gb+me`,
 /// `7g.80gb-me`), checked at admission; the geometry is checked per GPU.
 pub const PROFILE_PATTERN: &str = r"^([1-9][0-9]?c\.)?[1-9][0-9]?g\.[1-9][0-9]{0,3}gb([+-][a-z]+(\.[a-z]+)?(,[a-z]+(\.[a-z]+)?)*)?$";
@@ -59,8 +61,88 @@ pub struct MigConfigSpec {
     pub node_selector: BTreeMap<String, String>,
     /// One layout per GPU model; the one without `gpuModel` applies to
     /// every other MIG-capable model.
+    /// In `Demand` mode, the starting layout of nodes no decision has
+    /// changed yet.
     #[schemars(extend("maxItems" = MAX_LAYOUTS, "minItems" = 1))]
     pub layouts: Vec<MigLayout>,
+    /// `Static` (the default): the layouts apply as given. `Demand`: the
+    /// layouts are where nodes start, and the operator then changes the
+    /// layouts of selected nodes so that pending pods asking for
+    /// `nvidia.com/mig-<profile>` can be scheduled, never removing an
+    /// instance in use.
+    #[serde(default, skip_serializing_if = "MigConfigMode::is_static")]
+    pub mode: MigConfigMode,
+    /// Limits of `Demand` mode (defaults apply when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<DemandSettings>,
+}
+
+/// How a MigConfig's layouts are chosen.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum MigConfigMode {
+    /// The layouts as given.
+    #[default]
+    Static,
+    /// Layouts follow pending pods' MIG requests.
+    Demand,
+}
+
+impl MigConfigMode {
+    /// `Static`.
+    pub fn is_static(&self) -> bool {
+        *self == MigConfigMode::Static
+    }
+}
+
+/// Default of [`DemandSettings::min_interval_seconds`].
+pub const DEFAULT_MIN_INTERVAL_SECONDS: u32 = 300;
+/// Default of [`DemandSettings::max_nodes_per_pass`].
+pub const DEFAULT_MAX_NODES_PER_PASS: u32 = 8;
+/// Default of [`DemandSettings::batch_seconds`].
+pub const DEFAULT_BATCH_SECONDS: u32 = 2;
+
+/// Limits on how fast demand mode changes layouts.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DemandSettings {
+    /// A node's layout changes at most once in this many seconds (default
+    /// 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minimum" = 0, "maximum" = 86400))]
+    pub min_interval_seconds: Option<u32>,
+    /// Most nodes one decision changes (default 8); the rest wait for the
+    /// next decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minimum" = 1, "maximum" = 1000))]
+    pub max_nodes_per_pass: Option<u32>,
+    /// Pending pods are collected this many seconds after the first one is
+    /// seen before a decision is made (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minimum" = 0, "maximum" = 300))]
+    pub batch_seconds: Option<u32>,
+}
+
+impl DemandSettings {
+    /// The core limits these settings give.
+    pub fn limits(&self) -> gpu_stack_core::operator::migdemand::DemandLimits {
+        gpu_stack_core::operator::migdemand::DemandLimits {
+            min_interval_seconds: u64::from(
+                self.min_interval_seconds
+                    .unwrap_or(DEFAULT_MIN_INTERVAL_SECONDS),
+            ),
+            max_nodes_per_pass: self
+                .max_nodes_per_pass
+                .unwrap_or(DEFAULT_MAX_NODES_PER_PASS)
+                .clamp(1, 1000) as usize,
+        }
+    }
+
+    /// The batching window.
+    pub fn batch(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.batch_seconds.unwrap_or(DEFAULT_BATCH_SECONDS).min(300),
+        ))
+    }
 }
 
 /// The layout of one GPU model.
@@ -129,6 +211,109 @@ pub struct MigConfigStatus {
     /// Generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Demand` mode: what was decided. Written by the demand controller
+    /// alone (its own field manager), never by the status pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<MigDemandStatus>,
+}
+
+/// Most nodes or profiles one [`MigDemandStatus`] list holds.
+pub const MAX_DEMAND_LIST: u32 = 1000;
+
+/// What demand mode decided last.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigDemandStatus {
+    /// When the last decision was made (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision_time: Option<String>,
+    /// What it decided, in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// Instances pending pods asked for then, per profile.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pending: BTreeMap<String, u32>,
+    /// Of those, what no layout change could serve, per profile.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unmet: BTreeMap<String, u32>,
+    /// Nodes the plan would change that the rate limit held back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = MAX_DEMAND_LIST))]
+    pub deferred: Vec<String>,
+    /// The layout decided for each node demand mode changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = MAX_DEMAND_LIST))]
+    pub nodes: Vec<MigDemandNode>,
+}
+
+/// A node's decided layout.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigDemandNode {
+    /// Node name.
+    pub name: String,
+    /// When it was decided (RFC 3339).
+    pub decided_at: String,
+    /// The generated mig-parted config holding it.
+    pub config_name: String,
+    /// Each GPU's layout.
+    #[schemars(extend("maxItems" = 32))]
+    pub gpus: Vec<MigDemandGpu>,
+}
+
+/// One GPU of a decided layout.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigDemandGpu {
+    /// GPU index on the node.
+    pub index: u32,
+    /// Instances as `profile@start`.
+    #[schemars(extend("maxItems" = 16))]
+    pub layout: Vec<String>,
+}
+
+impl MigDemandNode {
+    /// The core record (`None` when a field does not parse).
+    pub fn decided(&self) -> Option<gpu_stack_core::operator::migdemand::Decided> {
+        let at: k8s_openapi::jiff::Timestamp = self.decided_at.parse().ok()?;
+        Some(gpu_stack_core::operator::migdemand::Decided {
+            node: self.name.clone(),
+            at: u64::try_from(at.as_second()).ok()?,
+            gpus: self
+                .gpus
+                .iter()
+                .map(|g| {
+                    let layout = g
+                        .layout
+                        .iter()
+                        .map(|i| i.parse().ok())
+                        .collect::<Option<Vec<_>>>()?;
+                    Some((g.index, layout))
+                })
+                .collect::<Option<Vec<_>>>()?,
+        })
+    }
+
+    /// The status entry of a core record for MigConfig `migconfig`.
+    pub fn from_decided(migconfig: &str, d: &gpu_stack_core::operator::migdemand::Decided) -> Self {
+        let at = i64::try_from(d.at)
+            .ok()
+            .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        MigDemandNode {
+            name: d.node.clone(),
+            decided_at: at.to_string(),
+            config_name: gpu_stack_core::operator::migdemand::node_config(migconfig, &d.gpus).name,
+            gpus: d
+                .gpus
+                .iter()
+                .map(|(i, l)| MigDemandGpu {
+                    index: *i,
+                    layout: l.iter().map(ToString::to_string).collect(),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// One node in a MigConfig's status.
@@ -161,6 +346,22 @@ impl MigConfigNode {
 }
 
 impl MigConfig {
+    /// Whether it is in `Demand` mode and not being deleted.
+    pub fn is_demand(&self) -> bool {
+        self.spec.mode == MigConfigMode::Demand && self.metadata.deletion_timestamp.is_none()
+    }
+
+    /// The decisions its status remembers (entries that do not parse are
+    /// left out).
+    pub fn decided(&self) -> Vec<gpu_stack_core::operator::migdemand::Decided> {
+        self.status
+            .iter()
+            .filter_map(|s| s.demand.as_ref())
+            .flat_map(|d| &d.nodes)
+            .filter_map(MigDemandNode::decided)
+            .collect()
+    }
+
     /// The resource's name (empty when the object has none).
     pub fn name(&self) -> &str {
         self.metadata.name.as_deref().unwrap_or_default()
@@ -216,6 +417,14 @@ impl MigConfig {
                     ));
                 }
             }
+        }
+        let max = gpu_stack_core::operator::migdemand::MAX_DEMAND_NAME;
+        if self.spec.mode == MigConfigMode::Demand && self.name().len() > max {
+            out.push(format!(
+                "MigConfig {}: the name is {} characters; in Demand mode at most {max} fit in the nvidia.com/mig.config label with the generated suffix; use a shorter name",
+                self.name(),
+                self.name().len()
+            ));
         }
         if self.spec.layouts.len() > MAX_LAYOUTS as usize {
             out.push(format!(

@@ -1,0 +1,449 @@
+//! The demand controller: for MigConfigs in `Demand` mode, decides which
+//! selected nodes change layout so that pending pods asking for
+//! `nvidia.com/mig-<profile>` can be scheduled, and records the decision in
+//! `status.demand` (its own server-side apply field manager). The operator's
+//! status pass then writes the decided layouts through the same path as
+//! static ones: a generated per-node config in the mig-parted ConfigMap and
+//! the node's `nvidia.com/mig.config` label.
+//!
+//! What it reads, all from watches or field-selected lists, never every pod
+//! of the cluster:
+//! - pods the scheduler has not placed (`status.phase=Pending,spec.nodeName=`);
+//! - MigConfigs;
+//! - per decision, the selected nodes' metadata, whose
+//!   [`MIG_USAGE_ANNOTATION`] the node's MIG manager publishes (each GPU's
+//!   layout and in-use instances).
+//!
+//! A trigger (a pending pod or a MigConfig changed) starts the batching
+//! window (`spec.demand.batchSeconds`); the decision is made when it ends,
+//! and again every [`RESYNC`] so that nodes the rate limit held come back.
+//! The decisions themselves are core's ([`gpu_stack_core::operator::migdemand`]).
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use gpu_stack_core::mig::Demand;
+use gpu_stack_core::operator::labels::Labels;
+use gpu_stack_core::operator::migdemand::{
+    DemandNode, PendingPod, decide, decided_from, demand_node, merge_decided, pending_per_config,
+    profile_of_resource,
+};
+use gpu_stack_core::operator::migusage::{self, MIG_USAGE_ANNOTATION};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+use super::{DemandSettings, MAX_DEMAND_LIST, MigConfig, MigDemandNode, MigDemandStatus};
+
+/// Field manager of `status.demand`.
+pub const FIELD_MANAGER: &str = "gpu-stack-mig-demand";
+
+/// Field selector of the pods the controller watches: not yet placed.
+pub const PENDING_SELECTOR: &str = "status.phase=Pending,spec.nodeName=";
+
+/// A decision runs at least this often while a demand-mode MigConfig exists.
+pub const RESYNC: Duration = Duration::from_secs(10);
+
+/// Most nodes named in a status message.
+const MAX_NAMED: usize = 10;
+
+/// Why a decision could not be made or recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum DemandError {
+    /// An API call failed; the next trigger or resync retries.
+    #[error("{what}: {source}; the next decision retries")]
+    Api {
+        /// What was being done.
+        what: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// `nvidia.com/mig-<profile>` requests of a pod, `(resource, count)`,
+/// summed over its containers (limits, else requests: extended resources
+/// have both equal). Counts that are not whole numbers are left out.
+pub fn pod_mig_requests(pod: &Pod) -> Vec<(String, u32)> {
+    let mut out: BTreeMap<String, u32> = BTreeMap::new();
+    for c in pod.spec.iter().flat_map(|s| &s.containers) {
+        let Some(r) = &c.resources else { continue };
+        let source = r
+            .limits
+            .as_ref()
+            .filter(|l| !l.is_empty())
+            .or(r.requests.as_ref());
+        for (name, q) in source.into_iter().flatten() {
+            if profile_of_resource(name).is_none() {
+                continue;
+            }
+            if let Ok(n) = q.0.parse::<u32>() {
+                let e = out.entry(name.clone()).or_default();
+                *e = e.saturating_add(n);
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// A pending pod reduced to what the decision reads: node selector and
+/// container resources.
+fn strip_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    pod.metadata.annotations = None;
+    pod.metadata.labels = None;
+    pod.status = None;
+    pod.spec = pod.spec.take().map(|s| PodSpec {
+        node_name: s.node_name,
+        node_selector: s.node_selector,
+        containers: s
+            .containers
+            .into_iter()
+            .map(|c| Container {
+                name: c.name,
+                resources: c.resources,
+                ..Container::default()
+            })
+            .collect(),
+        ..PodSpec::default()
+    });
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn rfc3339(unix: u64) -> String {
+    i64::try_from(unix)
+        .ok()
+        .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+        .to_string()
+}
+
+fn as_map(d: &Demand) -> BTreeMap<String, u32> {
+    d.iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(p, n)| (p.to_string(), *n))
+        .take(MAX_DEMAND_LIST as usize)
+        .collect()
+}
+
+fn named(nodes: &[String]) -> String {
+    if nodes.len() > MAX_NAMED {
+        format!(
+            "{} and {} more",
+            nodes[..MAX_NAMED].join(", "),
+            nodes.len() - MAX_NAMED
+        )
+    } else {
+        nodes.join(", ")
+    }
+}
+
+fn demand_text(d: &BTreeMap<String, u32>) -> String {
+    d.iter()
+        .map(|(p, n)| format!("{n} {p}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The controller over a live cluster.
+pub struct DemandController {
+    client: Client,
+    pods: Store<Pod>,
+    mig_configs: Store<MigConfig>,
+}
+
+impl DemandController {
+    /// One decision over every demand-mode MigConfig.
+    pub async fn decide_all(&self) -> Result<(), DemandError> {
+        let configs: Vec<Arc<MigConfig>> = self
+            .mig_configs
+            .state()
+            .into_iter()
+            .filter(|m| m.is_demand() && m.profile_problems().is_empty())
+            .collect();
+        if configs.is_empty() {
+            return Ok(());
+        }
+        let pending: Vec<PendingPod> = self
+            .pods
+            .state()
+            .iter()
+            .filter(|p| p.spec.as_ref().is_none_or(|s| s.node_name.is_none()))
+            .map(|p| PendingPod {
+                node_selector: p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_selector.clone())
+                    .unwrap_or_default(),
+                requests: pod_mig_requests(p),
+            })
+            .collect();
+        let selectors: Vec<(String, Labels)> = configs
+            .iter()
+            .map(|m| (m.name().to_string(), m.spec.node_selector.clone()))
+            .collect();
+        let per = pending_per_config(&selectors, &pending);
+        let now = unix_now();
+        for m in &configs {
+            let demand = per.get(m.name()).cloned().unwrap_or_default();
+            self.decide_one(m, &demand, now).await?;
+        }
+        Ok(())
+    }
+
+    async fn decide_one(
+        &self,
+        m: &MigConfig,
+        pending: &Demand,
+        now: u64,
+    ) -> Result<(), DemandError> {
+        let name = m.name();
+        let current = m.status.as_ref().and_then(|s| s.demand.clone());
+        let old = m.decided();
+        if pending.is_empty() && old.is_empty() && current.is_none() {
+            return Ok(());
+        }
+        // The nodes the status pass holds for this MigConfig (not refused).
+        let valid: BTreeSet<&str> = m
+            .status
+            .iter()
+            .flat_map(|s| &s.nodes)
+            .filter(|n| n.state != "Invalid")
+            .map(|n| n.name.as_str())
+            .collect();
+        let selector = m
+            .spec
+            .node_selector
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let api: Api<PartialObjectMeta<Node>> = Api::all(self.client.clone());
+        let nodes = api
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|source| DemandError::Api {
+                what: format!("listing the nodes of MigConfig {name}"),
+                source,
+            })?;
+        let mut planned: Vec<DemandNode<'static>> = Vec::new();
+        let mut unreadable: Vec<String> = Vec::new();
+        for n in &nodes.items {
+            let node = n.name_any();
+            if !valid.contains(node.as_str()) {
+                continue;
+            }
+            let usage = match n.annotations().get(MIG_USAGE_ANNOTATION) {
+                Some(text) => match migusage::decode(text) {
+                    Ok(u) => Some(u),
+                    Err(e) => {
+                        tracing::warn!(node = %node, error = %e, "MIG usage annotation unreadable; node left out");
+                        unreadable.push(node.clone());
+                        None
+                    }
+                },
+                None => None,
+            };
+            let decided = old.iter().find(|d| d.node == node);
+            if let Some(d) = demand_node(&node, usage.as_ref(), decided, n.labels(), name) {
+                planned.push(d);
+            }
+        }
+        let selected: Vec<&str> = valid.iter().copied().collect();
+        let limits = m.spec.demand.unwrap_or_default().limits();
+        let pending_map = as_map(pending);
+        let mut next = MigDemandStatus {
+            last_decision_time: current.as_ref().and_then(|c| c.last_decision_time.clone()),
+            pending: pending_map.clone(),
+            nodes: current
+                .as_ref()
+                .map(|c| c.nodes.clone())
+                .unwrap_or_default(),
+            ..MigDemandStatus::default()
+        };
+        match decide(&planned, pending, &limits, now) {
+            Ok(decision) => {
+                let fresh = decided_from(&decision, now);
+                let merged = merge_decided(&old, &fresh, &selected);
+                next.nodes = merged
+                    .iter()
+                    .map(|d| MigDemandNode::from_decided(name, d))
+                    .collect();
+                next.unmet = as_map(&decision.unmet);
+                next.deferred = decision
+                    .deferred
+                    .iter()
+                    .take(MAX_DEMAND_LIST as usize)
+                    .cloned()
+                    .collect();
+                let changed: Vec<String> = fresh.iter().map(|d| d.node.clone()).collect();
+                next.message = if !changed.is_empty() {
+                    next.last_decision_time = Some(rfc3339(now));
+                    format!(
+                        "changed the layout of {} node(s) ({}) for pending {}",
+                        changed.len(),
+                        named(&changed),
+                        demand_text(&pending_map)
+                    )
+                } else if pending_map.is_empty() {
+                    "no pending pod asks for a MIG instance".into()
+                } else if !next.deferred.is_empty() {
+                    format!(
+                        "pending {}; {} node(s) wait for the rate limit (minIntervalSeconds)",
+                        demand_text(&pending_map),
+                        next.deferred.len()
+                    )
+                } else if !next.unmet.is_empty() {
+                    format!(
+                        "pending {}; no layout change can serve {} now",
+                        demand_text(&pending_map),
+                        demand_text(&next.unmet)
+                    )
+                } else {
+                    format!(
+                        "pending {}: idle instances or decided layouts serve them; nothing changed",
+                        demand_text(&pending_map)
+                    )
+                };
+                if !unreadable.is_empty() {
+                    next.message.push_str(&format!(
+                        "; left out, usage unreadable: {}",
+                        named(&unreadable)
+                    ));
+                }
+                if !changed.is_empty() {
+                    tracing::info!(migconfig = name, nodes = ?changed, pending = ?pending_map, "demand decision");
+                }
+            }
+            Err(e) => {
+                next.message = format!("no decision: {e}");
+                tracing::warn!(migconfig = name, error = %e, "demand decision failed");
+            }
+        }
+        if current.as_ref() == Some(&next) {
+            return Ok(());
+        }
+        let body = serde_json::json!({
+            "apiVersion": "gpustack.io/v1alpha1",
+            "kind": "MigConfig",
+            "status": {"demand": next},
+        });
+        Api::<MigConfig>::all(self.client.clone())
+            .patch_status(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(|source| DemandError::Api {
+                what: format!("recording the demand decision of MigConfig {name}"),
+                source,
+            })?;
+        Ok(())
+    }
+}
+
+/// The shortest batching window of the demand-mode MigConfigs.
+fn batch_window(configs: &Store<MigConfig>) -> Duration {
+    configs
+        .state()
+        .iter()
+        .filter(|m| m.is_demand())
+        .map(|m| m.spec.demand.unwrap_or_default().batch())
+        .min()
+        .unwrap_or_else(|| DemandSettings::default().batch())
+}
+
+/// Runs the demand controller until `shutdown` resolves.
+pub async fn run_demand(client: Client, shutdown: impl Future<Output = ()> + Send) {
+    let (pods, pod_writer) = reflector::store();
+    let pod_changes = watcher(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields(PENDING_SELECTOR),
+    )
+    .default_backoff()
+    .modify(strip_pod)
+    .reflect(pod_writer)
+    .map(|_| ())
+    .boxed();
+    let (mig_configs, mig_writer) = reflector::store();
+    let mig_changes = watcher(
+        Api::<MigConfig>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(mig_writer)
+    .map(|_| ())
+    .boxed();
+    let controller = DemandController {
+        client,
+        pods,
+        mig_configs,
+    };
+    let mut triggers = futures::stream::select(pod_changes, mig_changes);
+    let mut resync = tokio::time::interval(RESYNC);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut deadline: Option<tokio::time::Instant> = None;
+    tokio::pin!(shutdown);
+    loop {
+        let due = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now));
+        tokio::select! {
+            () = &mut shutdown => break,
+            t = triggers.next() => {
+                if t.is_none() {
+                    break;
+                }
+                if deadline.is_none() {
+                    deadline = Some(tokio::time::Instant::now() + batch_window(&controller.mig_configs));
+                }
+            }
+            _ = resync.tick() => {
+                deadline.get_or_insert_with(tokio::time::Instant::now);
+            }
+            () = due, if deadline.is_some() => {
+                deadline = None;
+                if let Err(e) = controller.decide_all().await {
+                    tracing::warn!(error = %e, "demand decision failed");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mig_requests_sum_over_containers_and_skip_other_resources() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "2", "cpu": "1"}}},
+                {"name": "b", "resources": {"requests": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-3g.40gb": "1"}}},
+                {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/mig-2g.20gb": "500m"}}},
+            ]},
+        }))
+        .unwrap();
+        assert_eq!(
+            pod_mig_requests(&pod),
+            vec![
+                ("nvidia.com/mig-1g.10gb".to_string(), 3),
+                ("nvidia.com/mig-3g.40gb".to_string(), 1)
+            ]
+        );
+        let mut stripped = pod.clone();
+        strip_pod(&mut stripped);
+        assert_eq!(pod_mig_requests(&stripped), pod_mig_requests(&pod));
+    }
+}
