@@ -284,3 +284,37 @@ async fn reboot_through_the_shared_state_file_resumes_to_success() {
         gpu_stack_nvml::migapply::plan_node(&machine, &cfg, "all-1g.10gb", &NoProcesses).unwrap();
     assert!(assert_plan.is_converged());
 }
+
+#[tokio::test]
+async fn a_layout_short_of_the_instances_pods_use_is_refused_and_nothing_changes() {
+    let gpus = SimulatedBackend::new(&SimNodeSpec::uniform("n0", "0x233010DE", 1)).unwrap();
+    let cfg = MigPartedConfig::default_config().unwrap();
+    let node = MemoryNode::new(start_labels("all-1g.10gb"));
+    let r = reconcile(&node, &gpus, &cfg, &opts(None), &NoProcesses)
+        .await
+        .unwrap();
+    assert_eq!(r, PassResult::State(MigConfigState::Success, None));
+    // Two pods hold 1g.10gb instances; all-3g.40gb would keep none.
+    node.set_mig_in_use(vec![("1g.10gb".parse().unwrap(), 2)]);
+    node.set_label(MIG_CONFIG_LABEL, "all-3g.40gb");
+    let r = reconcile(&node, &gpus, &cfg, &opts(None), &NoProcesses)
+        .await
+        .unwrap();
+    let PassResult::State(MigConfigState::Failed, Some(reason)) = r else {
+        panic!("{r:?}");
+    };
+    assert!(
+        reason.contains("would leave 0 1g.10gb instance(s) while pods bound to this node use 2"),
+        "{reason}"
+    );
+    let view = node.view();
+    assert!(view.annotations[FAILURE_REASON_ANNOTATION].contains("1g.10gb"));
+    let layout = gpu_stack_nvml::migapply::observe(&gpus, &NoProcesses).unwrap();
+    assert_eq!(layout[0].layout.len(), 7, "the GPU keeps its seven 1g.10gb");
+    // A layout keeping enough goes ahead.
+    node.set_label(MIG_CONFIG_LABEL, "all-balanced");
+    let r = reconcile(&node, &gpus, &cfg, &opts(None), &NoProcesses)
+        .await
+        .unwrap();
+    assert_eq!(r, PassResult::State(MigConfigState::Success, None));
+}

@@ -25,7 +25,9 @@ use super::labels::{Labels, MIG_CONFIG};
 use super::migconfig::{MAX_NAME, MigConfigPlan, MigNode, NodeState, NodeStatus, entry_name};
 use super::migusage::NodeUsage;
 use crate::catalog;
-use crate::mig::{Demand, FleetGpu, MigProfileName, PlacedInstance, PlanError, plan_fleet};
+use crate::mig::{
+    Demand, FleetGpu, FleetPlan, MigProfileName, PlacedInstance, PlanError, plan_fleet,
+};
 use crate::migmanager::labels::MIG_CONFIG_STATE_LABEL;
 use crate::migparted::{Devices, MigConfigSpec, NamedConfig};
 
@@ -161,19 +163,56 @@ pub fn decide(
             .then(room(b).cmp(&room(a)))
             .then(a.name.cmp(&b.name))
     });
-    let mut fleet: Vec<FleetGpu<'_>> = Vec::new();
-    let mut owner: Vec<usize> = Vec::new();
-    for (k, n) in order.iter().enumerate() {
-        for g in &n.gpus {
-            let mut g = g.clone();
-            if held(n) {
-                g.in_use = g.current.clone();
+    // The fewest nodes: the first `k` nodes not held may change, the rest
+    // are planned as fixed; the smallest `k` that serves as much as letting
+    // every node change wins (a binary search: letting more nodes change
+    // never serves less).
+    let free = order.iter().filter(|n| !held(n)).count();
+    let plan_with = |k: usize| -> Result<(FleetPlan, Vec<usize>), PlanError> {
+        let mut fleet: Vec<FleetGpu<'_>> = Vec::new();
+        let mut owner: Vec<usize> = Vec::new();
+        for (j, n) in order.iter().enumerate() {
+            for g in &n.gpus {
+                let mut g = g.clone();
+                if held(n) || j >= k {
+                    g.in_use = g.current.clone();
+                }
+                fleet.push(g);
+                owner.push(j);
             }
-            fleet.push(g);
-            owner.push(k);
+        }
+        Ok((plan_fleet(&fleet, &demand)?, owner))
+    };
+    let unmet_of = |p: &FleetPlan| -> u64 { p.profiles.iter().map(|o| u64::from(o.unmet)).sum() };
+    let nodes_changed = |(p, o): &(FleetPlan, Vec<usize>)| -> usize {
+        let mut v: Vec<usize> = p
+            .gpus
+            .iter()
+            .zip(o)
+            .filter(|(g, _)| g.changes())
+            .map(|(_, k)| *k)
+            .collect();
+        v.dedup();
+        v.len()
+    };
+    let all = plan_with(free)?;
+    let target = unmet_of(&all.0);
+    let (mut lo, mut hi) = (0usize, free);
+    let mut best: Option<(FleetPlan, Vec<usize>)> = None;
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let candidate = plan_with(mid)?;
+        if unmet_of(&candidate.0) <= target {
+            best = Some(candidate);
+            hi = mid;
+        } else {
+            lo = mid + 1;
         }
     }
-    let plan = plan_fleet(&fleet, &demand)?;
+    let (plan, owner) = match best {
+        Some(b) if nodes_changed(&b) <= nodes_changed(&all) => b,
+        _ => all,
+    };
     let mut changed: BTreeMap<usize, NodeLayout> = BTreeMap::new();
     for (i, gp) in plan.gpus.iter().enumerate() {
         if gp.changes() {
@@ -213,6 +252,9 @@ pub fn decide(
 /// Longest name of a MigConfig in demand mode: its generated per-node
 /// configs add `_` and eight hex digits to [`entry_name`].
 pub const MAX_DEMAND_NAME: usize = MAX_NAME - 9;
+
+/// How long an unapplied decision is planned as the node's layout.
+pub const IN_FLIGHT_SECONDS: u64 = 600;
 
 /// Most decided nodes a MigConfig's status keeps.
 pub const MAX_DECIDED_NODES: usize = 1000;
@@ -330,8 +372,10 @@ pub fn node_config(migconfig: &str, gpus: &[(u32, Vec<PlacedInstance>)]) -> Name
 
 /// The planner's view of one node of a demand-mode MigConfig, from what its
 /// MIG manager published (`usage`) and the last layout decided for it.
-/// While a decision is not applied yet (the label does not name it, the MIG
-/// manager has not reported success, or the published layout differs),
+/// While a decision younger than [`IN_FLIGHT_SECONDS`] is not applied yet
+/// (the label does not name it, the MIG manager has not reported success,
+/// or the published layout differs; a `failed` state may be a config file
+/// not yet synced),
 /// the node is planned as holding the decided layout, so a later decision
 /// neither undoes it nor serves its pending pods a second time elsewhere.
 /// GPUs of models without MIG geometry are left out; `None` without usage.
@@ -341,18 +385,23 @@ pub fn demand_node(
     decided: Option<&Decided>,
     labels: &Labels,
     migconfig: &str,
+    now: u64,
 ) -> Option<DemandNode<'static>> {
     let usage = usage?.normalized();
+    // Older decisions never applied (the MIG manager refused or could not
+    // apply them) give way to what the node publishes.
+    let state = labels.get(MIG_CONFIG_STATE_LABEL).map(String::as_str);
     let settled = decided.is_none_or(|d| {
-        labels.get(MIG_CONFIG) == Some(&node_config(migconfig, &d.gpus).name)
-            && labels.get(MIG_CONFIG_STATE_LABEL).map(String::as_str) == Some("success")
-            && d.gpus.iter().all(|(i, target)| {
-                usage
-                    .gpus
-                    .iter()
-                    .find(|g| g.index == *i)
-                    .is_some_and(|g| counts(&g.layout) == counts(target))
-            })
+        now.saturating_sub(d.at) >= IN_FLIGHT_SECONDS
+            || labels.get(MIG_CONFIG) == Some(&node_config(migconfig, &d.gpus).name)
+                && state == Some("success")
+                && d.gpus.iter().all(|(i, target)| {
+                    usage
+                        .gpus
+                        .iter()
+                        .find(|g| g.index == *i)
+                        .is_some_and(|g| counts(&g.layout) == counts(target))
+                })
     });
     let gpus = usage
         .gpus

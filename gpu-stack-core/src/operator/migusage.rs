@@ -34,7 +34,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::mig::{Demand, PlacedInstance};
+use crate::mig::{Demand, MigProfileName, PlacedInstance};
 
 /// Node annotation holding the encoded [`NodeUsage`].
 pub const MIG_USAGE_ANNOTATION: &str = "gpustack.io/mig-usage";
@@ -326,6 +326,21 @@ pub fn mark_in_use(usage: &mut NodeUsage, requested: &Demand) {
         }
     }
     *usage = usage.normalized();
+}
+
+/// The first profile of which a layout (`after`, every instance a node
+/// would hold) keeps fewer instances than the node's pods use (`in_use`):
+/// `(profile, kept, used)`. The MIG manager refuses such a change.
+pub fn first_shortfall<'a>(
+    after: impl IntoIterator<Item = &'a PlacedInstance>,
+    in_use: &Demand,
+) -> Option<(MigProfileName, u32, u32)> {
+    let after: Vec<&PlacedInstance> = after.into_iter().collect();
+    in_use.iter().find_map(|(p, used)| {
+        let kept =
+            u32::try_from(after.iter().filter(|i| i.profile == *p).count()).unwrap_or(u32::MAX);
+        (kept < *used).then(|| (p.clone(), kept, *used))
+    })
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! The operator's [`KubeCluster`](crate::cluster::kube_cluster::KubeCluster) is
 //! not reused: it needs the controller's cluster-wide node store and patches
 //! labels only, while the manager reads one node and patches annotations too.
+use gpu_stack_core::mig::Demand;
 use gpu_stack_core::migmanager::MigConfigState;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
@@ -213,6 +214,16 @@ impl NodeApi for KubeNode {
             .await
             .map_err(|e| cluster(node, "patching node labels and annotations", e))?;
         Ok(())
+    }
+
+    async fn mig_in_use(&self, node: &str) -> Result<Demand, ManagerError> {
+        let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let pods = self
+            .pods
+            .list(&params)
+            .await
+            .map_err(|e| cluster(node, "listing the pods bound to the node", e))?;
+        Ok(super::usage::requested_on_node(&pods.items))
     }
 
     async fn pods_on_node(&self, node: &str, apps: &[&str]) -> Result<Vec<String>, ManagerError> {

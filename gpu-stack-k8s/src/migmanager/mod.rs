@@ -26,12 +26,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_stack_core::backend::GpuBackend;
+use gpu_stack_core::mig::{Demand, PlacedInstance};
 use gpu_stack_core::migmanager::labels::any_paused;
 use gpu_stack_core::migmanager::{
     FAILURE_REASON_ANNOTATION, GPU_CLIENTS, LabelEdits, MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL,
     MigConfigState, PAUSE_RECORD_ANNOTATION, PauseRecord, plan_pause, plan_restore,
 };
 use gpu_stack_core::migparted::MigPartedConfig;
+use gpu_stack_core::operator::migusage::first_shortfall;
 use gpu_stack_nvml::migapply::{
     self, ApplyError, ApplyOptions, ApplyOutcome, ApplyReport, NodePlan, ProcessProbe,
 };
@@ -65,6 +67,11 @@ pub trait NodeApi: Send + Sync {
         node: &str,
         patch: &NodePatch,
     ) -> impl Future<Output = Result<(), ManagerError>> + Send;
+    /// MIG instances the live pods bound to the node request, per profile
+    /// (none where the cluster side cannot tell).
+    fn mig_in_use(&self, _node: &str) -> impl Future<Output = Result<Demand, ManagerError>> + Send {
+        async { Ok(Demand::new()) }
+    }
     /// Names of pods on the node whose `app` label is one of `apps`.
     fn pods_on_node(
         &self,
@@ -232,9 +239,7 @@ impl GpuWorker {
 
     /// Reads every GPU (no change), after any GPU work in flight.
     pub async fn snapshot(&self) -> Result<Vec<migapply::GpuSnapshot>, String> {
-        self.run(migapply::observe)
-            .await
-            .map_err(|e| e.to_string())
+        self.run(migapply::observe).await.map_err(|e| e.to_string())
     }
 
     async fn run<T: Send + 'static>(
@@ -294,6 +299,20 @@ pub async fn reconcile<A: NodeApi>(
     reconcile_with(api, &Inline { backend, probe }, config, opts).await
 }
 
+/// Every instance the node holds once `plan` is applied: the selected
+/// GPUs' targets, the other GPUs as they are.
+fn layout_after(plan: &NodePlan) -> Vec<PlacedInstance> {
+    let mut out = Vec::new();
+    for s in &plan.snapshots {
+        match plan.gpus.iter().find(|(_, r, _)| r.gpu == s.info.index) {
+            Some((_, r, _)) => out.extend(r.target.iter().filter_map(|t| t.parse().ok())),
+            None if s.observed.mode.current => out.extend(s.layout.iter().cloned()),
+            None => {}
+        }
+    }
+    out
+}
+
 /// One pass, as [`reconcile`], with the GPU calls on `gpu`'s blocking
 /// threads so the caller's other tasks keep running during an apply.
 pub async fn reconcile_on<A: NodeApi>(
@@ -346,6 +365,20 @@ async fn reconcile_with<A: NodeApi, G: PassGpu>(
     if !busy.is_empty() && !opts.force {
         let e = migapply::ApplyError::Busy(busy);
         return finish(api, opts, record.as_ref(), Some(e.to_string())).await;
+    }
+    // Pods bound here hold instances the driver may not see processes on
+    // yet: a layout keeping fewer of a profile than they use is refused.
+    if !opts.force {
+        let in_use = api.mig_in_use(&opts.node).await?;
+        if !in_use.is_empty() {
+            let after = layout_after(&plan);
+            if let Some((profile, kept, used)) = first_shortfall(&after, &in_use) {
+                let reason = format!(
+                    "MIG config {selected} would leave {kept} {profile} instance(s) while pods bound to this node use {used}; nothing was changed (wait for those pods to finish, or pick a layout that keeps them)"
+                );
+                return finish(api, opts, record.as_ref(), Some(reason)).await;
+            }
+        }
     }
 
     // Pause the clients and mark pending in one patch, with the record.
@@ -488,6 +521,8 @@ struct MemoryNodeState {
     lingering: bool,
     /// Every label state written, in order (for tests to follow transitions).
     history: Vec<BTreeMap<String, String>>,
+    /// MIG instances the node's pods use, per profile.
+    mig_in_use: Demand,
 }
 
 impl MemoryNode {
@@ -509,8 +544,14 @@ impl MemoryNode {
                 pods,
                 lingering: false,
                 history: Vec::new(),
+                mig_in_use: Demand::new(),
             }),
         }
+    }
+
+    /// Pods bound to the node use these MIG instances, per profile.
+    pub fn set_mig_in_use(&self, in_use: Demand) {
+        self.lock().mig_in_use = in_use;
     }
 
     /// Pods never leave (a stuck client).
@@ -544,6 +585,10 @@ impl MemoryNode {
 impl NodeApi for MemoryNode {
     async fn get(&self, _node: &str) -> Result<NodeView, ManagerError> {
         Ok(self.view())
+    }
+
+    async fn mig_in_use(&self, _node: &str) -> Result<Demand, ManagerError> {
+        Ok(self.lock().mig_in_use.clone())
     }
 
     async fn patch(&self, _node: &str, patch: &NodePatch) -> Result<(), ManagerError> {

@@ -88,6 +88,44 @@ fn demand_lands_on_the_fewest_nodes() {
 }
 
 #[test]
+fn whole_nodes_change_rather_than_parts_of_many() {
+    // Eight nodes of two GPUs at 3 x 2g.20gb; the first GPU of two nodes
+    // fully in use. 28 x 1g.10gb and 12 x 3g.40gb take 64 compute slices,
+    // ten GPUs at the fewest: five nodes, although changing parts of more
+    // would keep more idle instances.
+    let base: Vec<PlacedInstance> = [0, 2, 4]
+        .iter()
+        .map(|s| PlacedInstance::new(p("2g.20gb"), *s))
+        .collect();
+    let nodes: Vec<DemandNode<'static>> = (0..8)
+        .map(|k| DemandNode {
+            name: format!("n{k}"),
+            gpus: (0..2)
+                .map(|g| {
+                    let used = if k < 2 && g == 0 {
+                        base.clone()
+                    } else {
+                        vec![]
+                    };
+                    gpu(&g.to_string(), base.clone(), used)
+                })
+                .collect(),
+            last_change: None,
+        })
+        .collect();
+    let d = decide(
+        &nodes,
+        &vec![(p("1g.10gb"), 28), (p("3g.40gb"), 12)],
+        &limits(),
+        0,
+    )
+    .unwrap();
+    assert!(d.unmet.is_empty(), "{d:?}");
+    assert_eq!(d.changes.len(), 5, "{d:?}");
+    assert!(d.changes.iter().all(|c| c.node != "n0" && c.node != "n1"));
+}
+
+#[test]
 fn recently_changed_nodes_wait_and_passes_are_capped() {
     let mut nodes = vec![empty_node("a", 1), empty_node("b", 1)];
     nodes[0].last_change = Some(100);
@@ -331,7 +369,7 @@ mod cluster_side {
             (MIG_CONFIG, cfg.as_str()),
             (MIG_CONFIG_STATE_LABEL, "pending"),
         ]);
-        let n = demand_node("n", Some(&u), Some(&d), &pending, "m").unwrap();
+        let n = demand_node("n", Some(&u), Some(&d), &pending, "m", 200).unwrap();
         assert_eq!(n.gpus[0].current, d.gpus[0].1);
         assert!(n.gpus[0].in_use.is_empty());
         assert_eq!(n.last_change, Some(100));
@@ -341,9 +379,13 @@ mod cluster_side {
             (MIG_CONFIG_STATE_LABEL, "success"),
         ]);
         let u2 = usage(&[(d.gpus[0].1.clone(), vec![i("3g.40gb@0")])]);
-        let n = demand_node("n", Some(&u2), Some(&d), &done, "m").unwrap();
+        let n = demand_node("n", Some(&u2), Some(&d), &done, "m", 200).unwrap();
         assert_eq!(n.gpus[0].in_use, vec![i("3g.40gb@0")]);
-        assert!(demand_node("n", None, Some(&d), &done, "m").is_none());
+        assert!(demand_node("n", None, Some(&d), &done, "m", 200).is_none());
+        // Never applied and old: what the node publishes wins.
+        let late = 100 + IN_FLIGHT_SECONDS;
+        let n = demand_node("n", Some(&u), Some(&d), &pending, "m", late).unwrap();
+        assert_eq!(n.gpus[0].current, all_1g());
     }
 
     #[test]
@@ -437,7 +479,7 @@ mod cluster_side {
             target.dedup();
             let d = Decided { node: "n".into(), at: 1, gpus: vec![(0, target.clone())] };
             let u = usage(&[(all_1g(), in_use.clone())]);
-            let n = demand_node("n", Some(&u), Some(&d), &Labels::new(), "m").unwrap();
+            let n = demand_node("n", Some(&u), Some(&d), &Labels::new(), "m", 2).unwrap();
             prop_assert_eq!(&n.gpus[0].current, &target);
             for x in &n.gpus[0].in_use {
                 prop_assert!(target.contains(x));

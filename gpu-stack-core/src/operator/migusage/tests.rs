@@ -100,6 +100,16 @@ fn pods_mark_that_many_instances_processes_first() {
     assert_eq!(usage.in_use_counts(), vec![(p("1g.10gb"), 3)]);
 }
 
+#[test]
+fn a_layout_short_of_what_pods_use_is_named() {
+    let after = [i("1g.10gb@0"), i("3g.40gb@4")];
+    assert_eq!(first_shortfall(&after, &vec![(p("1g.10gb"), 1)]), None);
+    assert_eq!(
+        first_shortfall(&after, &vec![(p("1g.10gb"), 1), (p("2g.20gb"), 2)]),
+        Some((p("2g.20gb"), 0, 2))
+    );
+}
+
 fn arb_gpu() -> impl Strategy<Value = GpuUsage> {
     let profiles = ["1g.10gb", "2g.20gb", "3g.40gb", "1g.20gb", "7g.80gb"];
     (

@@ -255,7 +255,7 @@ impl DemandController {
                 None => None,
             };
             let decided = old.iter().find(|d| d.node == node);
-            if let Some(d) = demand_node(&node, usage.as_ref(), decided, n.labels(), name) {
+            if let Some(d) = demand_node(&node, usage.as_ref(), decided, n.labels(), name, now) {
                 planned.push(d);
             }
         }
