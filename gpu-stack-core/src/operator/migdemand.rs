@@ -388,21 +388,7 @@ pub fn demand_node(
     now: u64,
 ) -> Option<DemandNode<'static>> {
     let usage = usage?.normalized();
-    // Older decisions never applied (the MIG manager refused or could not
-    // apply them) give way to what the node publishes.
-    let state = labels.get(MIG_CONFIG_STATE_LABEL).map(String::as_str);
-    let settled = decided.is_none_or(|d| {
-        now.saturating_sub(d.at) >= IN_FLIGHT_SECONDS
-            || labels.get(MIG_CONFIG) == Some(&node_config(migconfig, &d.gpus).name)
-                && state == Some("success")
-                && d.gpus.iter().all(|(i, target)| {
-                    usage
-                        .gpus
-                        .iter()
-                        .find(|g| g.index == *i)
-                        .is_some_and(|g| counts(&g.layout) == counts(target))
-                })
-    });
+    let settled = !in_flight(&usage, decided, labels, migconfig, now);
     let gpus = usage
         .gpus
         .iter()
@@ -436,6 +422,41 @@ pub fn demand_node(
         gpus,
         last_change: decided.map(|d| d.at),
     })
+}
+
+/// Whether the node's last decision is still being applied: younger than
+/// [`IN_FLIGHT_SECONDS`] and not yet applied (the label does not name it,
+/// the MIG manager has not reported success, or the published layout
+/// differs). Older decisions never applied (the MIG manager refused or
+/// could not apply them) give way to what the node publishes.
+pub fn in_flight(
+    usage: &NodeUsage,
+    decided: Option<&Decided>,
+    labels: &Labels,
+    migconfig: &str,
+    now: u64,
+) -> bool {
+    let state = labels.get(MIG_CONFIG_STATE_LABEL).map(String::as_str);
+    decided.is_some_and(|d| {
+        now.saturating_sub(d.at) < IN_FLIGHT_SECONDS
+            && !(labels.get(MIG_CONFIG) == Some(&node_config(migconfig, &d.gpus).name)
+                && state == Some("success")
+                && d.gpus.iter().all(|(i, target)| {
+                    usage
+                        .gpus
+                        .iter()
+                        .find(|g| g.index == *i)
+                        .is_some_and(|g| counts(&g.layout) == counts(target))
+                }))
+    })
+}
+
+/// Whether a new decision may be made for a MigConfig whose nodes are in
+/// `in_flight` states: only once every earlier decision is applied (or has
+/// given way), so that pods being scheduled onto new layouts, seen both as
+/// pending and as in use for a moment, never cause a second change.
+pub fn may_decide(in_flight: impl IntoIterator<Item = bool>) -> bool {
+    !in_flight.into_iter().any(|b| b)
 }
 
 /// The decisions of one [`decide`] as [`Decided`] records at `now`.

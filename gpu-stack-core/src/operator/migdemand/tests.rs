@@ -382,6 +382,10 @@ mod cluster_side {
         let n = demand_node("n", Some(&u2), Some(&d), &done, "m", 200).unwrap();
         assert_eq!(n.gpus[0].in_use, vec![i("3g.40gb@0")]);
         assert!(demand_node("n", None, Some(&d), &done, "m", 200).is_none());
+        assert!(in_flight(&u, Some(&d), &pending, "m", 200));
+        assert!(!in_flight(&u2, Some(&d), &done, "m", 200));
+        assert!(!may_decide([false, true]));
+        assert!(may_decide([false, false]));
         // Never applied and old: what the node publishes wins.
         let late = 100 + IN_FLIGHT_SECONDS;
         let n = demand_node("n", Some(&u), Some(&d), &pending, "m", late).unwrap();

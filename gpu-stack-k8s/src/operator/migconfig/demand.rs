@@ -14,9 +14,11 @@
 //!   [`MIG_USAGE_ANNOTATION`] the node's MIG manager publishes (each GPU's
 //!   layout and in-use instances).
 //!
-//! A trigger (a pending pod or a MigConfig changed) starts the batching
-//! window (`spec.demand.batchSeconds`); the decision is made when it ends,
-//! and again every [`RESYNC`] so that nodes the rate limit held come back.
+//! Triggers (a pending pod or a MigConfig changed) are gathered until the
+//! batching window (`spec.demand.batchSeconds`) passes without one, or
+//! four windows after the first; the decision is made then, and again
+//! every [`RESYNC`] so that nodes the rate limit held come back. No
+//! decision is made while an earlier one is still being applied.
 //! The decisions themselves are core's ([`gpu_stack_core::operator::migdemand`]).
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -27,8 +29,8 @@ use futures::StreamExt;
 use gpu_stack_core::mig::Demand;
 use gpu_stack_core::operator::labels::Labels;
 use gpu_stack_core::operator::migdemand::{
-    DemandNode, PendingPod, decide, decided_from, demand_node, merge_decided, pending_per_config,
-    profile_of_resource,
+    DemandNode, PendingPod, decide, decided_from, demand_node, in_flight, may_decide,
+    merge_decided, pending_per_config, profile_of_resource,
 };
 use gpu_stack_core::operator::migusage::{self, MIG_USAGE_ANNOTATION};
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
@@ -238,6 +240,7 @@ impl DemandController {
             })?;
         let mut planned: Vec<DemandNode<'static>> = Vec::new();
         let mut unreadable: Vec<String> = Vec::new();
+        let mut flights: Vec<bool> = Vec::new();
         for n in &nodes.items {
             let node = n.name_any();
             if !valid.contains(node.as_str()) {
@@ -255,9 +258,16 @@ impl DemandController {
                 None => None,
             };
             let decided = old.iter().find(|d| d.node == node);
+            if let Some(u) = &usage {
+                flights.push(in_flight(u, decided, n.labels(), name, now));
+            }
             if let Some(d) = demand_node(&node, usage.as_ref(), decided, n.labels(), name, now) {
                 planned.push(d);
             }
+        }
+        if !may_decide(flights.iter().copied()) {
+            // Decided layouts are still being applied; decide once they are.
+            return Ok(());
         }
         let selected: Vec<&str> = valid.iter().copied().collect();
         let limits = m.spec.demand.unwrap_or_default().limits();
@@ -394,6 +404,7 @@ pub async fn run_demand(client: Client, shutdown: impl Future<Output = ()> + Sen
     let mut resync = tokio::time::interval(RESYNC);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut deadline: Option<tokio::time::Instant> = None;
+    let mut burst: Option<tokio::time::Instant> = None;
     tokio::pin!(shutdown);
     loop {
         let due = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now));
@@ -403,15 +414,19 @@ pub async fn run_demand(client: Client, shutdown: impl Future<Output = ()> + Sen
                 if t.is_none() {
                     break;
                 }
-                if deadline.is_none() {
-                    deadline = Some(tokio::time::Instant::now() + batch_window(&controller.mig_configs));
-                }
+                // A quiet period: each trigger moves the decision to one
+                // window after it, at most four windows after the first.
+                let now = tokio::time::Instant::now();
+                let window = batch_window(&controller.mig_configs);
+                let first = *burst.get_or_insert(now);
+                deadline = Some((now + window).min(first + window * 4));
             }
             _ = resync.tick() => {
                 deadline.get_or_insert_with(tokio::time::Instant::now);
             }
             () = due, if deadline.is_some() => {
                 deadline = None;
+                burst = None;
                 if let Err(e) = controller.decide_all().await {
                     tracing::warn!(error = %e, "demand decision failed");
                 }
