@@ -967,7 +967,11 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     );
     delete_pod(client, "mig-workload").await;
 
-    // 8. helm uninstall: everything the stack made is gone, and the labels
+    // 8. Driver upgrade: the driver DaemonSet's version bumped, the node
+    // cordoned, the GPU workload evicted and rescheduled on the new driver.
+    driver_upgrade(cluster, client, dir).await?;
+
+    // 9. helm uninstall: everything the stack made is gone, and the labels
     // the operator, GFD and node discovery wrote (the MIG layout's stay).
     let boots_before_uninstall = containerd_boots(dir)?;
     uninstall(cluster)?;
@@ -1010,6 +1014,301 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         containerd_boots(dir)? == boots_before_uninstall + 1,
         "removing the toolkit restarted containerd more than once"
     );
+    Ok(())
+}
+
+/// Driver versions of the stand-in driver image (must match
+/// DRIVER_STANDIN_VERSIONS in xtask/src/images.rs and driver-values.yaml).
+const DRIVER_FROM: &str = "570.195.03";
+const DRIVER_TO: &str = "580.95.05";
+const UPGRADE_STATE: &str = "nvidia.com/gpu-driver-upgrade-state";
+const WORKLOAD: &str = "gpu-workload";
+
+/// The driver pods (of every OS pool).
+fn driver_pod_label() -> ListParams {
+    ListParams::default().labels("nvidia.com/gpu-stack.component=driver")
+}
+
+/// The node's driver pod when it is Running and Ready: its image and uid.
+async fn ready_driver_pod(client: &Client) -> Result<Option<(String, String)>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let list = pods.list(&driver_pod_label()).await?.items;
+    Ok(list
+        .iter()
+        .find(|p| phase(p) == "Running" && pod_ready(p) && p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let image = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.image.clone())
+                .unwrap_or_default();
+            (image, p.uid().unwrap_or_default())
+        }))
+}
+
+/// The workload Deployment's pods: `(uid, phase, node)`.
+async fn workload_pods(client: &Client) -> Result<Vec<(String, String, String)>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app={WORKLOAD}")))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            (
+                p.uid().unwrap_or_default(),
+                phase(p),
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// Installs the driver DaemonSet with the stand-in driver at
+/// [`DRIVER_FROM`], runs a GPU workload (a Deployment with a PDB), bumps the
+/// version with `helm upgrade`, and follows NVIDIA's upgrade flow on the real
+/// node: cordoned, the workload evicted, the driver pod replaced by one at
+/// [`DRIVER_TO`], validated, uncordoned, the workload back on its GPU.
+async fn driver_upgrade(cluster: &TestCluster, client: &Client, dir: &Path) -> Result<()> {
+    let chart = repo_root().join("deploy/helm/gpu-stack");
+    let chart = chart.display().to_string();
+    let values = repo_root().join("tests/real-node/driver-values.yaml");
+    let values = values.display().to_string();
+    let upgrade = |extra: &[&str]| {
+        let mut args = vec![
+            "upgrade",
+            RELEASE,
+            chart.as_str(),
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--wait",
+            "--timeout",
+            "5m",
+        ];
+        args.extend_from_slice(extra);
+        run_helm(cluster, &args).map(|_| ())
+    };
+    upgrade(&["--values", &values])?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let os = {
+        let node = the_node(client).await?;
+        format!(
+            "{}{}",
+            node_label(&node, "feature.node.kubernetes.io/system-os_release.ID")
+                .unwrap_or_default(),
+            node_label(
+                &node,
+                "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+            )
+            .unwrap_or_default()
+        )
+    };
+    let image = |v: &str| format!("localhost/gpu-stack/driver:{v}-{os}");
+    let (first_image, first_uid) = wait_for(
+        "the driver pod to be Running and Ready",
+        ROLLOUT,
+        || async {
+            ready_driver_pod(client)
+                .await
+                .map_err(|e| gpu_stack_e2e::E2eError::Check(format!("{e:#}")))
+        },
+    )
+    .await?;
+    ensure!(
+        first_image == image(DRIVER_FROM),
+        "the driver pod runs {first_image}, not {}",
+        image(DRIVER_FROM)
+    );
+    wait_for(
+        "the node to be upgrade-done on the first driver",
+        STEP,
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let node = nodes.get(NODE_NAME).await?;
+                Ok(
+                    (node_label(&node, UPGRADE_STATE).as_deref() == Some("upgrade-done"))
+                        .then_some(()),
+                )
+            }
+        },
+    )
+    .await?;
+    wait_for(
+        "the ClusterPolicy to be ready with the driver",
+        ROLLOUT,
+        || async { Ok((policy_state(client).await.as_deref() == Some("ready")).then_some(())) },
+    )
+    .await?;
+
+    // A GPU workload that may be evicted (its PDB allows one pod down).
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), "default");
+    let pod_template = busybox_pod(
+        WORKLOAD,
+        &[("nvidia.com/mig-1g.10gb", "1")],
+        "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; sleep 3600",
+    )?;
+    let deployment: k8s_openapi::api::apps::v1::Deployment =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": WORKLOAD, "namespace": "default"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": WORKLOAD}},
+                "template": {
+                    "metadata": {"labels": {"app": WORKLOAD}},
+                    "spec": {
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": pod_template.spec.map(|s| s.containers).unwrap_or_default(),
+                    },
+                },
+            },
+        }))?;
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(client.clone(), "default");
+    let pdb = serde_json::from_value(serde_json::json!({
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": WORKLOAD, "namespace": "default"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": WORKLOAD}}},
+    }))?;
+    pdbs.create(&PostParams::default(), &pdb).await?;
+    let running_on_node = |pods: &[(String, String, String)]| {
+        pods.iter()
+            .find(|(_, phase, node)| phase == "Running" && node == NODE_NAME)
+            .map(|(uid, _, _)| uid.clone())
+    };
+    let workload_uid = wait_for("the GPU workload to run", STEP, || async {
+        let pods = workload_pods(client)
+            .await
+            .map_err(|e| gpu_stack_e2e::E2eError::Check(format!("{e:#}")))?;
+        Ok(running_on_node(&pods))
+    })
+    .await?;
+
+    // The bump: the driver DaemonSet (OnDelete) gets a new template, and
+    // the upgrade controller takes the node through NVIDIA's states.
+    let bumped = Instant::now();
+    upgrade(&["--set", &format!("driver.version={DRIVER_TO}")])?;
+    let mut states: Vec<String> = Vec::new();
+    let mut timeline: Vec<String> = Vec::new();
+    let mut cordoned = false;
+    let mut evicted_at = None;
+    let mut back_at = None;
+    let deadline = Instant::now() + ROLLOUT;
+    let (new_image, new_uid) = loop {
+        ensure!(
+            Instant::now() < deadline,
+            "the driver upgrade did not finish within {ROLLOUT:?}; states seen: {states:?}; workload: {:?}",
+            workload_pods(client).await.ok()
+        );
+        let node = nodes.get(NODE_NAME).await?;
+        let state = node_label(&node, UPGRADE_STATE).unwrap_or_default();
+        if states.last() != Some(&state) {
+            timeline.push(format!("{state} {:.1}s", bumped.elapsed().as_secs_f64()));
+            states.push(state.clone());
+        }
+        cordoned |= node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        let pods = workload_pods(client).await?;
+        if evicted_at.is_none() && !pods.iter().any(|(uid, _, _)| *uid == workload_uid) {
+            evicted_at = Some(Instant::now());
+        }
+        if evicted_at.is_some() && back_at.is_none() && running_on_node(&pods).is_some() {
+            back_at = Some(Instant::now());
+        }
+        if state == "upgrade-done"
+            && states.len() > 1
+            && back_at.is_some()
+            && let Some(driver) = ready_driver_pod(client).await?
+        {
+            break driver;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let took = bumped.elapsed();
+    ensure!(
+        new_image == image(DRIVER_TO) && new_uid != first_uid,
+        "the node's driver pod was not replaced by one at {}: {new_image}",
+        image(DRIVER_TO)
+    );
+    for want in [
+        "upgrade-required",
+        "cordon-required",
+        "pod-deletion-required",
+        "pod-restart-required",
+        "validation-required",
+        "uncordon-required",
+        "upgrade-done",
+    ] {
+        ensure!(
+            states.iter().any(|s| s == want),
+            "the node never showed {UPGRADE_STATE}={want}: {states:?}"
+        );
+    }
+    ensure!(
+        cordoned,
+        "the node was never cordoned during its upgrade: {states:?}"
+    );
+    let node = the_node(client).await?;
+    ensure!(
+        node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true),
+        "the node is still cordoned after upgrade-done"
+    );
+    let pods = workload_pods(client).await?;
+    let new_workload = running_on_node(&pods).context("the workload is not running again")?;
+    ensure!(
+        new_workload != workload_uid,
+        "the GPU workload was never evicted: {pods:?}"
+    );
+    // The new driver container is the one that started, by its own log.
+    let logs = pod_log_tails(dir, 40);
+    ensure!(
+        logs.contains(&format!("driver container stand-in {DRIVER_TO}")),
+        "no log of the new driver container:\n{logs}"
+    );
+    let policy = cluster_policies(client).get(POLICY).await?;
+    let progress = policy.data["status"]["driverUpgrade"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    ensure!(
+        progress.starts_with("1 of 1"),
+        "the ClusterPolicy does not report the finished rollout: {progress:?}"
+    );
+    if let (Some(evicted), Some(back)) = (evicted_at, back_at) {
+        eprintln!(
+            "figure: real node driver upgrade {DRIVER_FROM} -> {DRIVER_TO}: helm upgrade -> upgrade-done in {:.1}s, workload evicted -> running again in {:.1}s",
+            took.as_secs_f64(),
+            back.duration_since(evicted).as_secs_f64()
+        );
+        eprintln!(
+            "figure: real node driver upgrade states: {}",
+            timeline.join(", ")
+        );
+    }
+    let _ = pdbs.delete(WORKLOAD, &DeleteParams::default()).await;
+    let _ = deployments
+        .delete(WORKLOAD, &DeleteParams::default().grace_period(0))
+        .await;
+    wait_for("the workload pods to go", STEP, || async {
+        let pods = workload_pods(client)
+            .await
+            .map_err(|e| gpu_stack_e2e::E2eError::Check(format!("{e:#}")))?;
+        Ok(pods.is_empty().then_some(()))
+    })
+    .await?;
     Ok(())
 }
 

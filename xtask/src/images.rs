@@ -6,9 +6,10 @@
 //! host's libnvidia-ml, so their images carry glibc (the shared libraries the
 //! binary links, found with `ldd`, as distroless/cc does) and no shell; every
 //! image runs as any user (an `/etc/passwd` with `nonroot` 65532 is included).
-//! Two test-only images come along: `pause` (the pod sandbox, a static C
-//! binary from tools/node/pause.c) and `busybox` (Debian's busybox-static, for
-//! workload pods that print what they see).
+//! Test-only images come along: `pause` (the pod sandbox, a static C binary
+//! from tools/node/pause.c), `busybox` (Debian's busybox-static, for workload
+//! pods that print what they see), and a stand-in for NVIDIA's driver
+//! container and k8s-driver-manager ([`driver_standin_images`]).
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -52,6 +53,47 @@ pub fn pause_image() -> String {
 pub fn busybox_image() -> String {
     image_name("busybox")
 }
+
+/// Driver versions the stand-in driver image is tagged with: the real-node
+/// test installs the first and upgrades to the second.
+pub const DRIVER_STANDIN_VERSIONS: [&str; 2] = ["570.195.03", "580.95.05"];
+
+/// The stand-in driver images' names, as the operator names a driver image
+/// for this machine's OS (`localhost/gpu-stack/driver:<version>-<os tag>`,
+/// the OS from `/etc/os-release`, which the real node shares), then the
+/// stand-in driver manager (`localhost/gpu-stack/k8s-driver-manager`).
+pub fn driver_standin_images() -> Result<(Vec<(&'static str, String)>, String)> {
+    let text = fs::read_to_string("/etc/os-release").context("reading /etc/os-release")?;
+    let labels = gpu_stack_core::nodediscovery::os_release_labels(&text);
+    let os = gpu_stack_core::operator::driver::OsInfo::from_labels(&labels)
+        .context("/etc/os-release has no ID or VERSION_ID")?;
+    let drivers = DRIVER_STANDIN_VERSIONS
+        .iter()
+        .map(|v| (*v, format!("{LOCAL_REPOSITORY}/driver:{v}-{}", os.tag())))
+        .collect();
+    Ok((drivers, image_name("k8s-driver-manager")))
+}
+
+/// Entrypoint of the stand-in driver container. The simulated host's driver
+/// is the one in use, so the container plays only the driver container's
+/// part in the pod's life: it runs until stopped and says which version it is.
+const STANDIN_DRIVER: &str = r#"#!/bin/sh
+version=$(cat /etc/nvidia-driver-version)
+echo "driver container stand-in $version: $*"
+trap 'echo "driver $version stopping"; exit 0' TERM INT
+while :; do sleep 1; done
+"#;
+
+/// `nvidia-smi` of the stand-in, which the driver pod's startup probe runs.
+const STANDIN_NVIDIA_SMI: &str = r#"#!/bin/sh
+echo "NVIDIA-SMI stand-in    Driver Version: $(cat /etc/nvidia-driver-version)"
+"#;
+
+/// `driver-manager` of the stand-in: the upgrade controller evicts the GPU
+/// pods, and the simulated host has no kernel module to unload.
+const STANDIN_DRIVER_MANAGER: &str = r#"#!/bin/sh
+echo "driver-manager stand-in: $*: no kernel module to unload on the simulated host"
+"#;
 
 /// One file of a layer.
 enum Entry {
@@ -368,8 +410,9 @@ fn pause_binary(repo: &Path, work: &Path) -> Result<PathBuf> {
 /// Where Debian's busybox-static puts its binary.
 const BUSYBOX: &str = "/bin/busybox";
 /// Applets the workload pods use, linked in the busybox image.
-const BUSYBOX_APPLETS: [&str; 12] = [
-    "sh", "cat", "env", "ls", "sleep", "echo", "grep", "test", "true", "wc", "wget", "nc",
+const BUSYBOX_APPLETS: [&str; 14] = [
+    "sh", "cat", "env", "ls", "sleep", "echo", "grep", "test", "true", "wc", "wget", "nc", "touch",
+    "rm",
 ];
 
 /// Writes the archive of every image to `out` from the binaries in
@@ -420,8 +463,52 @@ pub fn build(repo: &Path, bin_dir: &Path, out: &Path) -> Result<Vec<String>> {
     }
     busybox.dir("tmp");
     let busybox = archive.blob(&busybox.tar()?)?;
-    archive.image(&busybox_image(), &[busybox], &["/bin/sh"], None)?;
+    archive.image(
+        &busybox_image(),
+        std::slice::from_ref(&busybox),
+        &["/bin/sh"],
+        None,
+    )?;
     names.push(busybox_image());
+
+    let mut tools = Layer::default();
+    tools.bytes("usr/bin/nvidia-smi", STANDIN_NVIDIA_SMI.as_bytes(), 0o755);
+    tools.bytes(
+        "usr/bin/driver-manager",
+        STANDIN_DRIVER_MANAGER.as_bytes(),
+        0o755,
+    );
+    tools.bytes(
+        "usr/local/bin/nvidia-driver",
+        STANDIN_DRIVER.as_bytes(),
+        0o755,
+    );
+    let tools = archive.blob(&tools.tar()?)?;
+    let (drivers, manager) = driver_standin_images()?;
+    for (version, image) in drivers {
+        let mut v = Layer::default();
+        v.bytes(
+            "etc/nvidia-driver-version",
+            format!("{version}\n").as_bytes(),
+            0o644,
+        );
+        let v = archive.blob(&v.tar()?)?;
+        let entrypoint = ["/usr/local/bin/nvidia-driver", "init"];
+        archive.image(
+            &image,
+            &[busybox.clone(), tools.clone(), v],
+            &entrypoint,
+            None,
+        )?;
+        names.push(image);
+    }
+    archive.image(
+        &manager,
+        &[busybox, tools],
+        &["/usr/bin/driver-manager"],
+        None,
+    )?;
+    names.push(manager);
 
     archive.finish()?;
     fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;

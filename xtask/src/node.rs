@@ -497,6 +497,13 @@ pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
 const HOST_CONTAINERD_ETC: &str = "/etc/containerd";
 /// Marks that the node's start created [`HOST_CONTAINERD_ETC`].
 const CREATED_ETC_MARKER: &str = "created-etc-containerd";
+/// The syslog socket NVIDIA's driver pod mounts (a hostPath of no type):
+/// where the host has none, containerd creates it as a directory in the
+/// host's /dev, which the node shares.
+const DEV_LOG: &str = "/dev/log";
+/// Marks that the host had no [`DEV_LOG`] when the node started, so
+/// `cleanup` removes the directory a driver pod left there.
+const NO_DEV_LOG_MARKER: &str = "host-without-dev-log";
 
 fn mount_ns_up(node: &NodeLayout) -> Result<()> {
     let ns_dir = node.dir.join("ns");
@@ -511,6 +518,9 @@ fn mount_ns_up(node: &NodeLayout) -> Result<()> {
         fs::create_dir(HOST_CONTAINERD_ETC)
             .with_context(|| format!("creating the mount point {HOST_CONTAINERD_ETC}"))?;
         fs::write(node.dir.join(CREATED_ETC_MARKER), "")?;
+    }
+    if !Path::new(DEV_LOG).exists() {
+        fs::write(node.dir.join(NO_DEV_LOG_MARKER), "")?;
     }
     run(Command::new("unshare")
         .arg(format!("--mount={}", node.mount_ns().display()))
@@ -690,6 +700,12 @@ pub fn cleanup(node: &NodeLayout) -> Result<()> {
         // Only if still empty: another node may use it as its mount point.
         if fs::remove_dir(HOST_CONTAINERD_ETC).is_ok() || !Path::new(HOST_CONTAINERD_ETC).exists() {
             fs::remove_file(node.dir.join(CREATED_ETC_MARKER)).ok();
+        }
+    }
+    if node.dir.join(NO_DEV_LOG_MARKER).exists() {
+        // Only an empty directory: a socket or files are someone else's.
+        if fs::remove_dir(DEV_LOG).is_ok() || !Path::new(DEV_LOG).exists() {
+            fs::remove_file(node.dir.join(NO_DEV_LOG_MARKER)).ok();
         }
     }
     for dir in node_cgroups(node) {
