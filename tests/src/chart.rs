@@ -13,12 +13,13 @@ use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
 use gpu_stack_k8s::operator::migconfig::MigConfig;
 use gpu_stack_k8s::operator::nvidiadriver::NvidiaDriver;
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, CustomResourceExt, ResourceExt};
 
+use crate::upgrade::force_delete_policy;
 use crate::{TestCluster, wait_for};
 
 /// How long the CRD may take to be served.
@@ -228,4 +229,74 @@ pub fn token_kubeconfig(admin: &Path, token: &str, dir: &Path) -> Result<PathBuf
     let path = dir.join("operator.kubeconfig");
     std::fs::write(&path, serde_saphyr::to_string(&kc)?)?;
     Ok(path)
+}
+
+/// One operator test's share of the shared test cluster: the operator's
+/// CRDs applied, no ClusterPolicy left by another test, a namespace of its
+/// own holding the chart's ServiceAccount and RBAC, a kubeconfig that acts
+/// as that ServiceAccount, and a scratch directory. The test names its
+/// nodes `<prefix>-...`, and [`OperatorTestEnv::teardown`] deletes them.
+pub struct OperatorTestEnv {
+    /// The cluster admin's client.
+    pub admin: Client,
+    /// `<tag><unique suffix>`: the chart release and the nodes' name prefix.
+    pub prefix: String,
+    /// The operator's namespace.
+    pub namespace: String,
+    /// Kubeconfig of the chart's ServiceAccount, for the operator process.
+    pub kubeconfig: PathBuf,
+    /// Scratch directory (kept when the test fails).
+    pub tmp: PathBuf,
+    rbac: Vec<DynamicObject>,
+}
+
+impl OperatorTestEnv {
+    /// Sets up the test's share; `tag` is a short name of the test (`op`, `upg`).
+    pub async fn setup(cluster: &TestCluster, tag: &str) -> Result<Self> {
+        let admin = cluster.client();
+        let suffix = crate::unique_suffix();
+        let prefix = format!("{tag}{suffix}");
+        let namespace = cluster.create_namespace(&format!("gpu-{tag}")).await?;
+        let tmp = std::env::temp_dir().join(format!("gpu-stack-{tag}-e2e-{suffix}"));
+        std::fs::create_dir_all(&tmp)?;
+        apply_operator_crds(&admin).await?;
+        force_delete_policy(&admin).await?;
+        let rbac = install_chart_rbac(&admin, &prefix, &namespace).await?;
+        let kubeconfig = chart_kubeconfig(cluster, &admin, &rbac, &namespace, &tmp).await?;
+        Ok(Self {
+            admin,
+            prefix,
+            namespace,
+            kubeconfig,
+            tmp,
+            rbac,
+        })
+    }
+
+    /// Removes what the test made, whatever `result` is: the ClusterPolicy,
+    /// the `<prefix>-...` nodes, the RBAC and the namespace; the scratch
+    /// directory only when the test passed. Returns `result`.
+    pub async fn teardown<T>(self, cluster: &TestCluster, result: Result<T>) -> Result<T> {
+        let _ = force_delete_policy(&self.admin).await;
+        let own = format!("{}-", self.prefix);
+        let names: Vec<String> = match Api::<Node>::all(self.admin.clone())
+            .list_metadata(&ListParams::default())
+            .await
+        {
+            Ok(list) => list
+                .items
+                .iter()
+                .map(ResourceExt::name_any)
+                .filter(|n| n.starts_with(&own))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let _ = cluster.delete_nodes(&names).await;
+        delete_applied(&self.admin, &self.rbac).await;
+        let _ = cluster.delete_namespace(&self.namespace).await;
+        if result.is_ok() {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
+        result
+    }
 }

@@ -15,14 +15,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
 use gpu_stack_e2e::binaries::workspace_binary;
-use gpu_stack_e2e::chart::{chart_kubeconfig, delete_applied, install_chart_rbac};
+use gpu_stack_e2e::chart::OperatorTestEnv;
 use gpu_stack_e2e::upgrade::{
-    LONG, OperatorProcess, apply_objects, apply_operator_crds, apply_policy, driver_pods,
-    driver_revisions, fleet_nodes, force_delete_policy, gpu_deployment, pod_disruption_budget,
-    policy, policy_spec, running_pods, state_of, unschedulable,
+    LONG, OperatorProcess, apply_objects, apply_policy, driver_pods, driver_revisions, fleet_nodes,
+    gpu_deployment, pod_disruption_budget, policy, policy_spec, running_pods, state_of,
+    unschedulable,
 };
-use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
-use kube::{Client, ResourceExt};
+use gpu_stack_e2e::{GpuFleet, TestCluster, wait_for};
+use kube::Client;
 
 /// GPU nodes in the fleet.
 const NODES: usize = 50;
@@ -60,45 +60,21 @@ async fn create_workload(admin: &Client, ns: &str, fleet_label: &str, fleet: &st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_version_bump_rolls_out_within_the_budget() -> Result<()> {
     let cluster = TestCluster::attach().await?;
-    let admin = cluster.client();
     let bin = workspace_binary("gpu-operator")?;
-    let suffix = unique_suffix();
-    let prefix = format!("upg{suffix}");
-    let namespace = cluster.create_namespace("gpu-upg").await?;
+    let env = OperatorTestEnv::setup(&cluster, "upg").await?;
     let workload_ns = cluster.create_namespace("gpu-upg-work").await?;
-    let release = format!("upg{suffix}");
-    let tmp = std::env::temp_dir().join(format!("gpu-stack-upg-e2e-{suffix}"));
-    std::fs::create_dir_all(&tmp)?;
-
-    apply_operator_crds(&admin).await?;
-    force_delete_policy(&admin).await?;
-    let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
-    let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
-
     let result = rollout(
         &cluster,
-        &admin,
+        &env.admin,
         &bin,
-        &kubeconfig,
-        &namespace,
+        &env.kubeconfig,
+        &env.namespace,
         &workload_ns,
-        &prefix,
+        &env.prefix,
     )
     .await;
-
-    let _ = force_delete_policy(&admin).await;
-    let names: Vec<String> = fleet_nodes(&admin, &format!("upg-fleet={prefix}"))
-        .await
-        .unwrap_or_default()
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
-    let _ = cluster.delete_nodes(&names).await;
-    delete_applied(&admin, &rbac).await;
     let _ = cluster.delete_namespace(&workload_ns).await;
-    let _ = cluster.delete_namespace(&namespace).await;
-    let _ = std::fs::remove_dir_all(&tmp);
-    result
+    env.teardown(&cluster, result).await
 }
 
 async fn rollout(

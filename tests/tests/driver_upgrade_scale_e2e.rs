@@ -32,14 +32,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail, ensure};
 use gpu_stack_e2e::binaries::workspace_binary;
-use gpu_stack_e2e::chart::{chart_kubeconfig, delete_applied, install_chart_rbac};
+use gpu_stack_e2e::chart::OperatorTestEnv;
 use gpu_stack_e2e::upgrade::{
-    DriverPodWatch, LONG, NodeWatch, OperatorProcess, apply_objects, apply_operator_crds,
-    apply_policy, delete_object, driver_pods, driver_revisions, fleet_nodes, force_delete_policy,
-    gpu_deployment, pod_disruption_budget, policy, policy_spec, running_pods, state_counts,
-    state_of, unschedulable,
+    DriverPodWatch, LONG, NodeWatch, OperatorProcess, apply_objects, apply_policy, delete_object,
+    driver_pods, driver_revisions, fleet_nodes, gpu_deployment, pod_disruption_budget, policy,
+    policy_spec, running_pods, state_counts, state_of, unschedulable,
 };
-use gpu_stack_e2e::{GpuFleet, KWOK_ANNOTATION, TestCluster, unique_suffix, wait_for};
+use gpu_stack_e2e::{GpuFleet, KWOK_ANNOTATION, TestCluster, wait_for};
 use gpu_stack_k8s::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -89,42 +88,31 @@ fn operator_bin() -> Result<PathBuf> {
     })
 }
 
-/// What a test needs set up and torn down: namespaces, the chart's RBAC and
-/// a kubeconfig of its ServiceAccount.
+/// What a test needs set up and torn down: the operator's share of the
+/// cluster ([`OperatorTestEnv`], whose fields it derefs to) and a namespace
+/// for the workload pods.
 struct Setup {
     cluster: TestCluster,
-    admin: Client,
-    prefix: String,
-    namespace: String,
+    env: OperatorTestEnv,
     workload_ns: String,
-    rbac: Vec<kube::api::DynamicObject>,
-    kubeconfig: PathBuf,
-    tmp: PathBuf,
+}
+
+impl std::ops::Deref for Setup {
+    type Target = OperatorTestEnv;
+    fn deref(&self) -> &OperatorTestEnv {
+        &self.env
+    }
 }
 
 impl Setup {
     async fn new(tag: &str) -> Result<Self> {
         let cluster = TestCluster::attach().await?;
-        let admin = cluster.client();
-        let suffix = unique_suffix();
-        let prefix = format!("{tag}{suffix}");
-        let namespace = cluster.create_namespace("gpu-upg").await?;
+        let env = OperatorTestEnv::setup(&cluster, tag).await?;
         let workload_ns = cluster.create_namespace("gpu-upg-work").await?;
-        let tmp = std::env::temp_dir().join(format!("gpu-stack-{tag}-{suffix}"));
-        std::fs::create_dir_all(&tmp)?;
-        apply_operator_crds(&admin).await?;
-        force_delete_policy(&admin).await?;
-        let rbac = install_chart_rbac(&admin, &format!("{tag}{suffix}"), &namespace).await?;
-        let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
         Ok(Self {
             cluster,
-            admin,
-            prefix,
-            namespace,
+            env,
             workload_ns,
-            rbac,
-            kubeconfig,
-            tmp,
         })
     }
 
@@ -136,19 +124,9 @@ impl Setup {
         format!("{}-{i}", self.prefix)
     }
 
-    async fn teardown(self) {
-        let _ = force_delete_policy(&self.admin).await;
-        let names: Vec<String> = fleet_nodes(&self.admin, &self.selector())
-            .await
-            .unwrap_or_default()
-            .iter()
-            .map(ResourceExt::name_any)
-            .collect();
-        let _ = self.cluster.delete_nodes(&names).await;
-        delete_applied(&self.admin, &self.rbac).await;
+    async fn teardown<T>(self, result: Result<T>) -> Result<T> {
         let _ = self.cluster.delete_namespace(&self.workload_ns).await;
-        let _ = self.cluster.delete_namespace(&self.namespace).await;
-        let _ = std::fs::remove_dir_all(&self.tmp);
+        self.env.teardown(&self.cluster, result).await
     }
 }
 
@@ -290,8 +268,7 @@ async fn unfinished(
 async fn a_200_node_rollout_survives_a_dead_node_a_stuck_pod_and_an_operator_kill() -> Result<()> {
     let s = Setup::new("upgs").await?;
     let result = scale_rollout(&s).await;
-    s.teardown().await;
-    result
+    s.teardown(result).await
 }
 
 async fn scale_rollout(s: &Setup) -> Result<()> {
@@ -598,8 +575,7 @@ async fn bench_driver_upgrade_1000_nodes() -> Result<()> {
         .unwrap_or(1000);
     let s = Setup::new("bupg").await?;
     let result = bench(&s, count).await;
-    s.teardown().await;
-    result
+    s.teardown(result).await
 }
 
 async fn bench(s: &Setup, count: usize) -> Result<()> {

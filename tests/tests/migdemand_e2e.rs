@@ -24,14 +24,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, ensure};
 use gpu_stack_core::operator::migusage::{self, MIG_USAGE_ANNOTATION, NodeUsage};
 use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
-use gpu_stack_e2e::chart::{
-    apply_operator_crds, chart_kubeconfig, delete_applied, install_chart_rbac,
-};
+use gpu_stack_e2e::chart::OperatorTestEnv;
 use gpu_stack_e2e::migmanager::{mig_assert, start_mig_manager, write_mig_files};
-use gpu_stack_e2e::upgrade::{
-    LONG, OperatorProcess, apply_policy, fleet_nodes, force_delete_policy,
-};
-use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
+use gpu_stack_e2e::upgrade::{LONG, OperatorProcess, apply_policy, fleet_nodes};
+use gpu_stack_e2e::{GpuFleet, TestCluster, wait_for};
 use gpu_stack_k8s::operator::migconfig::MigConfig;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -233,38 +229,22 @@ async fn node_side(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_mig_pods_change_the_fewest_layouts_and_schedule() -> Result<()> {
     let cluster = TestCluster::attach().await?;
-    let admin = cluster.client();
-    let suffix = unique_suffix();
-    let prefix = format!("migd{suffix}");
-    let namespace = cluster.create_namespace("gpu-migd").await?;
-    let release = format!("migd{suffix}");
-    let tmp = std::env::temp_dir().join(format!("gpu-stack-migd-e2e-{suffix}"));
-    std::fs::create_dir_all(&tmp)?;
-
-    apply_operator_crds(&admin).await?;
-    force_delete_policy(&admin).await?;
-    let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
-    let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
-
-    let result = scenario(&cluster, &admin, &kubeconfig, &namespace, &prefix, &tmp).await;
+    let env = OperatorTestEnv::setup(&cluster, "migd").await?;
+    let (admin, prefix) = (&env.admin, &env.prefix);
+    let result = scenario(
+        &cluster,
+        admin,
+        &env.kubeconfig,
+        &env.namespace,
+        prefix,
+        &env.tmp,
+    )
+    .await;
 
     let _ = Api::<MigConfig>::all(admin.clone())
-        .delete(&prefix, &DeleteParams::default())
+        .delete(prefix, &DeleteParams::default())
         .await;
-    let _ = force_delete_policy(&admin).await;
-    let names: Vec<String> = fleet_nodes(&admin, &format!("migd-fleet={prefix}"))
-        .await
-        .unwrap_or_default()
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
-    let _ = cluster.delete_nodes(&names).await;
-    delete_applied(&admin, &rbac).await;
-    let _ = cluster.delete_namespace(&namespace).await;
-    if result.is_ok() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    result
+    env.teardown(&cluster, result).await
 }
 
 async fn scenario(

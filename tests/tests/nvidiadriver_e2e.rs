@@ -14,14 +14,12 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
 use gpu_stack_e2e::binaries::workspace_binary;
-use gpu_stack_e2e::chart::{
-    apply_operator_crds, chart_kubeconfig, delete_applied, install_chart_rbac,
-};
+use gpu_stack_e2e::chart::OperatorTestEnv;
 use gpu_stack_e2e::upgrade::{
-    DRIVER_SELECTOR, LONG, OperatorProcess, apply_policy, driver_pods, fleet_nodes,
-    force_delete_policy, policy_spec, state_of,
+    DRIVER_SELECTOR, LONG, OperatorProcess, apply_policy, driver_pods, fleet_nodes, policy_spec,
+    state_of,
 };
-use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
+use gpu_stack_e2e::{GpuFleet, TestCluster, wait_for};
 use gpu_stack_k8s::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverState};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -135,38 +133,24 @@ async fn driver_pod_uids(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nvidiadrivers_roll_out_pools_refuse_conflicts_and_upgrade_per_resource() -> Result<()> {
     let cluster = TestCluster::attach().await?;
-    let admin = cluster.client();
     let bin = workspace_binary("gpu-operator")?;
-    let suffix = unique_suffix();
-    let prefix = format!("nvd{suffix}");
-    let namespace = cluster.create_namespace("gpu-nvd").await?;
-    let release = format!("nvd{suffix}");
-    let tmp = std::env::temp_dir().join(format!("gpu-stack-nvd-e2e-{suffix}"));
-    std::fs::create_dir_all(&tmp)?;
-
-    apply_operator_crds(&admin).await?;
-    force_delete_policy(&admin).await?;
-    let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
-    let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
-
-    let result = scenario(&cluster, &admin, &bin, &kubeconfig, &namespace, &prefix).await;
+    let env = OperatorTestEnv::setup(&cluster, "nvd").await?;
+    let (admin, prefix) = (&env.admin, &env.prefix);
+    let result = scenario(
+        &cluster,
+        admin,
+        &bin,
+        &env.kubeconfig,
+        &env.namespace,
+        prefix,
+    )
+    .await;
 
     let drivers = Api::<NvidiaDriver>::all(admin.clone());
     for name in ["a", "b", "rival"].map(|p| format!("{prefix}-{p}")) {
         let _ = drivers.delete(&name, &DeleteParams::default()).await;
     }
-    let _ = force_delete_policy(&admin).await;
-    let names: Vec<String> = fleet_nodes(&admin, &format!("nvd-fleet={prefix}"))
-        .await
-        .unwrap_or_default()
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
-    let _ = cluster.delete_nodes(&names).await;
-    delete_applied(&admin, &rbac).await;
-    let _ = cluster.delete_namespace(&namespace).await;
-    let _ = std::fs::remove_dir_all(&tmp);
-    result
+    env.teardown(&cluster, result).await
 }
 
 async fn scenario(

@@ -15,7 +15,7 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use gpu_stack_core::operator::labels::apply_patch;
 use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::chart::{
-    apply_operator_crds, chart_kubeconfig, delete_applied, install_chart_rbac,
+    OperatorTestEnv, apply_operator_crds, chart_kubeconfig, delete_applied, install_chart_rbac,
 };
 use gpu_stack_e2e::upgrade::force_delete_policy;
 use gpu_stack_e2e::{
@@ -240,36 +240,19 @@ async fn leader_count(replicas: &[&Replica]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_binary_on_a_real_cluster() -> Result<()> {
     let cluster = TestCluster::attach().await?;
-    let admin = cluster.client();
     let bin = workspace_binary("gpu-operator")?;
-    let suffix = unique_suffix();
-    let prefix = format!("op{suffix}");
-    let namespace = cluster.create_namespace("gpu-op").await?;
-    let release = format!("e2e{suffix}");
-    let tmp = std::env::temp_dir().join(format!("gpu-stack-op-e2e-{suffix}"));
-    std::fs::create_dir_all(&tmp)?;
-
-    // CRD install (the generated one), and the chart's ServiceAccount and RBAC.
-    apply_operator_crds(&admin).await?;
-    force_delete_policy(&admin).await?;
-    let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
-    let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
-
-    let result = scenarios(&cluster, &admin, &bin, &kubeconfig, &namespace, &prefix).await;
-
-    // Teardown, whatever happened.
-    let _ = force_delete_policy(&admin).await;
-    let names: Vec<String> = my_nodes(&admin, &prefix)
-        .await
-        .unwrap_or_default()
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
-    let _ = cluster.delete_nodes(&names).await;
-    delete_applied(&admin, &rbac).await;
-    let _ = cluster.delete_namespace(&namespace).await;
-    let _ = std::fs::remove_dir_all(&tmp);
-    result
+    // The generated CRDs, and the chart's ServiceAccount and RBAC.
+    let env = OperatorTestEnv::setup(&cluster, "op").await?;
+    let result = scenarios(
+        &cluster,
+        &env.admin,
+        &bin,
+        &env.kubeconfig,
+        &env.namespace,
+        &env.prefix,
+    )
+    .await;
+    env.teardown(&cluster, result).await
 }
 
 async fn scenarios(
