@@ -45,6 +45,80 @@ pub struct MigConfigSpec {
     pub mig_enabled: bool,
     /// Profile → count, in file order.
     pub mig_devices: Vec<(MigProfileName, u32)>,
+    /// gpu-stack's extension: the exact GPU instances to create (start
+    /// slices), when given; `None` lets the placement follow from the counts.
+    /// They are the same instances as `mig_devices` counts. NVIDIA's
+    /// mig-parted refuses unknown keys, so the file carries them in a
+    /// comment it ignores ([`PLACEMENTS_MARKER`]).
+    pub placements: Option<Vec<PlacedInstance>>,
+}
+
+/// Start of the comment line that carries an entry's placements:
+/// `# gpustack.io/placements <config>[<entry>]: 3g.40gb@4 1g.10gb@0`
+/// (instances separated by spaces: profile names may hold commas).
+/// NVIDIA's mig-parted ignores comments (it refuses unknown keys), so a file
+/// with placements still works with NVIDIA's MIG manager, which places the
+/// counted instances itself.
+pub const PLACEMENTS_MARKER: &str = "# gpustack.io/placements ";
+
+/// Most placements one entry may carry (a GPU holds at most 7 GPU instances;
+/// the bound leaves room for geometries with more memory slices).
+pub const MAX_PLACEMENTS: usize = 16;
+
+/// The comment line (without indent or newline) carrying `placements` of
+/// entry `entry` of config `config`.
+pub fn placements_comment(config: &str, entry: usize, placements: &[PlacedInstance]) -> String {
+    let list: Vec<String> = placements.iter().map(ToString::to_string).collect();
+    format!("{PLACEMENTS_MARKER}{config}[{entry}]: {}", list.join(" "))
+}
+
+/// Checks that `placements` are the instances `mig_devices` counts: only
+/// GPU-instance profiles, each as often as its (non-zero) count. The reason
+/// says what differs.
+pub fn placements_agree(
+    mig_devices: &[(MigProfileName, u32)],
+    placements: &[PlacedInstance],
+) -> Result<(), String> {
+    if placements.len() > MAX_PLACEMENTS {
+        return Err(format!(
+            "{} placements; at most {MAX_PLACEMENTS}",
+            placements.len()
+        ));
+    }
+    if let Some((p, _)) = mig_devices
+        .iter()
+        .find(|(p, c)| *c > 0 && !p.is_gpu_instance())
+    {
+        return Err(format!(
+            "placements give GPU instances, but the counts include the compute-instance profile {p}; use whole GPU-instance profiles with placements"
+        ));
+    }
+    let mut placed: Vec<(&MigProfileName, u32)> = Vec::new();
+    for i in placements {
+        match placed.iter_mut().find(|(p, _)| **p == i.profile) {
+            Some((_, n)) => *n += 1,
+            None => placed.push((&i.profile, 1)),
+        }
+    }
+    for (p, n) in &placed {
+        let want = mig_devices
+            .iter()
+            .find(|(q, _)| q == *p)
+            .map_or(0, |(_, c)| *c);
+        if want != *n {
+            return Err(format!(
+                "placements place {n} {p} but the counts ask for {want}; give one placement per counted instance"
+            ));
+        }
+    }
+    for (p, c) in mig_devices.iter().filter(|(_, c)| *c > 0) {
+        if !placed.iter().any(|(q, _)| *q == p) {
+            return Err(format!(
+                "the counts ask for {c} {p} but placements place none; give one placement per counted instance"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `devices: all | [0, 1]`.
@@ -393,11 +467,67 @@ impl MigPartedConfig {
                 .collect::<Result<Vec<_>, _>>()?;
             mig_configs.push(NamedConfig { name, entries });
         }
+        apply_placement_comments(text, &mut mig_configs)?;
         Ok(MigPartedConfig {
             version,
             mig_configs,
         })
     }
+}
+
+/// Reads the [`PLACEMENTS_MARKER`] comment lines of `text` into the entries
+/// they name; a line naming no entry, or placements that differ from the
+/// entry's counts, is an error.
+fn apply_placement_comments(text: &str, configs: &mut [NamedConfig]) -> Result<(), MigPartedError> {
+    for (line_no, line) in text.lines().enumerate() {
+        let Some(rest) = line.trim_start().strip_prefix(PLACEMENTS_MARKER) else {
+            continue;
+        };
+        let at = format!("(comment on line {})", line_no + 1);
+        let shape = "expected `# gpustack.io/placements <config>[<entry>]: <profile>@<start> ...`";
+        let (target, layout) = rest
+            .split_once("]:")
+            .ok_or_else(|| err(&at, format!("{shape}, found {}", echo::quoted(rest))))?;
+        let (config, entry) = target
+            .split_once('[')
+            .ok_or_else(|| err(&at, format!("{shape}, found {}", echo::quoted(rest))))?;
+        let entry: usize = entry.parse().map_err(|_| {
+            err(
+                &at,
+                format!("entry {} is not an index; {shape}", echo::quoted(entry)),
+            )
+        })?;
+        let path = format!("mig-configs.{}[{entry}]", echo::clipped(config));
+        let spec = configs
+            .iter_mut()
+            .find(|c| c.name == config)
+            .and_then(|c| c.entries.get_mut(entry))
+            .ok_or_else(|| {
+                err(
+                    &path,
+                    "placements name an entry the file does not have; fix or remove the comment",
+                )
+            })?;
+        let path = format!("{path}.placements");
+        if spec.placements.is_some() {
+            return Err(err(path, "placements are given twice; keep one comment"));
+        }
+        if !spec.mig_enabled {
+            return Err(err(
+                path,
+                "given while mig-enabled is false; remove them or enable MIG",
+            ));
+        }
+        let layout = layout
+            .split_whitespace()
+            .take(MAX_PLACEMENTS + 1)
+            .map(str::parse::<PlacedInstance>)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| err(&path, e.to_string()))?;
+        placements_agree(&spec.mig_devices, &layout).map_err(|e| err(&path, e))?;
+        spec.placements = Some(layout);
+    }
+    Ok(())
 }
 
 fn parse_spec(v: &Value, path: &str) -> Result<MigConfigSpec, MigPartedError> {
@@ -553,6 +683,7 @@ fn parse_spec(v: &Value, path: &str) -> Result<MigConfigSpec, MigPartedError> {
         devices,
         mig_enabled,
         mig_devices: devices_list,
+        placements: None,
     })
 }
 
@@ -643,6 +774,20 @@ pub fn check_entry(spec: &MigConfigSpec, model: &GpuModel) -> EntryVerdict {
             reason: format!("{} does not support MIG", model.name),
         };
     };
+    if let Some(layout) = &spec.placements {
+        return match mig::validate(geometry, layout) {
+            Ok(()) => EntryVerdict::Valid {
+                layout: layout.clone(),
+            },
+            Err(v) => EntryVerdict::Invalid {
+                reason: format!(
+                    "placements {}: {}",
+                    mig::format_layout(layout),
+                    echo::join_capped(&v)
+                ),
+            },
+        };
+    }
     let demand: Demand = spec
         .mig_devices
         .iter()

@@ -162,14 +162,33 @@ pub fn select(
             })
             .cloned()
             .collect();
-        let reconf =
-            mig::reconfigure(geometry, &current, &demand).map_err(|e| fit_error(e.to_string()))?;
-        let gis = with_compute_instances(geometry, &demand, &reconf.target).map_err(fit_error)?;
+        // Explicit placements are the target as given; otherwise the
+        // placement that keeps the most current instances.
+        let layout = match &spec.placements {
+            Some(placements) => {
+                crate::migparted::placements_agree(&spec.mig_devices, placements)
+                    .map_err(&fit_error)?;
+                mig::validate(geometry, placements).map_err(|v| {
+                    fit_error(format!(
+                        "placements {}: {}",
+                        mig::format_layout(placements),
+                        crate::echo::join_capped(&v)
+                    ))
+                })?;
+                placements.clone()
+            }
+            None => {
+                mig::reconfigure(geometry, &current, &demand)
+                    .map_err(|e| fit_error(e.to_string()))?
+                    .target
+            }
+        };
+        let gis = with_compute_instances(geometry, &demand, &layout).map_err(fit_error)?;
         out.push((
             gpu.index,
             SelectedGpu {
                 entry,
-                layout: reconf.target,
+                layout,
                 target: TargetGpu {
                     index: gpu.index,
                     mig_enabled: true,

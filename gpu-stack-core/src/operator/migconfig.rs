@@ -32,6 +32,7 @@
 //!     rules: vec![LayoutRule {
 //!         model: None,
 //!         source: LayoutSource::Profiles(vec![("1g.10gb".parse().unwrap(), 7)]),
+//!         placements: None,
 //!     }],
 //! };
 //! let node = MigNode {
@@ -53,10 +54,11 @@ use serde::{Deserialize, Serialize};
 
 use super::labels::{LabelPatch, Labels, MIG_CONFIG};
 use crate::catalog::{self, GpuModel, format_pci_id};
-use crate::mig::MigProfileName;
+use crate::mig::{MigProfileName, PlacedInstance};
 use crate::migmanager::labels::MIG_CONFIG_STATE_LABEL;
 use crate::migparted::{
     DeviceId, Devices, EntryVerdict, MigConfigSpec, MigPartedConfig, NamedConfig, check_entry,
+    placements_agree, placements_comment,
 };
 
 /// Prefix of generated mig-parted config names.
@@ -92,6 +94,12 @@ pub struct LayoutRule {
     pub model: Option<String>,
     /// The layout.
     pub source: LayoutSource,
+    /// The exact GPU instances (start slices) of a [`LayoutSource::Profiles`]
+    /// layout: the same instances the counts give, at these starts. `None`
+    /// lets the MIG manager choose the starts. Checked against each covered
+    /// model's geometry ([`crate::mig::validate`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placements: Option<Vec<PlacedInstance>>,
 }
 
 /// One MigConfig, as the planner needs it.
@@ -195,6 +203,17 @@ pub enum MigConfigError {
         /// Resource name.
         name: String,
     },
+    /// Placements that do not match the layout's profile counts, or given
+    /// with a named config or MIG off.
+    #[error("MigConfig {name}: spec.layouts[{index}].placements: {reason}")]
+    PlacementsMismatch {
+        /// Resource name.
+        name: String,
+        /// Rule index.
+        index: usize,
+        /// What differs and how to fix it.
+        reason: String,
+    },
     /// A layout the model's geometry cannot hold.
     #[error("MigConfig {name}: spec.layouts[{index}] on {model}: {reason}")]
     LayoutInvalid {
@@ -265,18 +284,35 @@ fn rule_entries(
     shipped: &MigPartedConfig,
 ) -> Result<Vec<MigConfigSpec>, MigConfigError> {
     let filter = filter_for(covered);
+    let mismatch = |reason: String| MigConfigError::PlacementsMismatch {
+        name: cr.to_string(),
+        index,
+        reason,
+    };
+    if let Some(placements) = &rule.placements {
+        match &rule.source {
+            LayoutSource::Profiles(p) => placements_agree(p, placements).map_err(mismatch)?,
+            _ => {
+                return Err(mismatch(
+                    "placements go with profiles only; give the profile counts they place, or remove them".into(),
+                ));
+            }
+        }
+    }
     let specs: Vec<MigConfigSpec> = match &rule.source {
         LayoutSource::Disabled => vec![MigConfigSpec {
             device_filter: filter,
             devices: Devices::All,
             mig_enabled: false,
             mig_devices: Vec::new(),
+            placements: None,
         }],
         LayoutSource::Profiles(p) => vec![MigConfigSpec {
             device_filter: filter,
             devices: Devices::All,
             mig_enabled: true,
             mig_devices: p.clone(),
+            placements: rule.placements.clone(),
         }],
         LayoutSource::Named(config) => {
             let named = shipped
@@ -538,7 +574,7 @@ pub fn entries_yaml(entries: &[NamedConfig]) -> String {
     let mut out = String::new();
     for c in entries {
         let _ = writeln!(out, "\n  {}:", c.name);
-        for e in &c.entries {
+        for (i, e) in c.entries.iter().enumerate() {
             let devices = match &e.devices {
                 Devices::All => "all".to_string(),
                 Devices::Indices(v) => format!(
@@ -567,6 +603,9 @@ pub fn entries_yaml(entries: &[NamedConfig]) -> String {
                     for (p, n) in &e.mig_devices {
                         let _ = writeln!(out, "        \"{p}\": {n}");
                     }
+                }
+                if let Some(placements) = &e.placements {
+                    let _ = writeln!(out, "      {}", placements_comment(&c.name, i, placements));
                 }
             }
         }

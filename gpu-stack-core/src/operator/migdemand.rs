@@ -346,6 +346,7 @@ pub fn node_config(migconfig: &str, gpus: &[(u32, Vec<PlacedInstance>)]) -> Name
             devices: Devices::Indices(vec![*i]),
             mig_enabled: true,
             mig_devices: counts(layout),
+            placements: None,
         })
         .collect();
     // FNV-1a over the content: stable across releases and platforms.

@@ -23,6 +23,7 @@ fn all(source: LayoutSource) -> LayoutRule {
     LayoutRule {
         model: None,
         source,
+        placements: None,
     }
 }
 
@@ -55,6 +56,7 @@ fn generated_entries_read_back_from_the_file_the_mig_manager_gets() {
             LayoutRule {
                 model: Some("A100-SXM4-40GB".into()),
                 source: LayoutSource::Named("all-balanced".into()),
+                placements: None,
             },
             all(profiles(&[("1g.10gb", 2), ("3g.40gb", 1)])),
         ],
@@ -80,6 +82,7 @@ fn each_mig_model_takes_exactly_one_rule() {
             LayoutRule {
                 model: Some("H100-SXM5-80GB".into()),
                 source: profiles(&[("1g.10gb", 7)]),
+                placements: None,
             },
             all(LayoutSource::Disabled),
         ],
@@ -110,10 +113,12 @@ fn bad_rules_are_refused_with_the_field_and_the_fix() {
             LayoutRule {
                 model: Some("H100-SXM5-80GB".into()),
                 source: profiles(&[("1g.5gb", 1)]),
+                placements: None,
             },
             LayoutRule {
                 model: Some("Voodoo5".into()),
                 source: LayoutSource::Disabled,
+                placements: None,
             },
             all(LayoutSource::Disabled),
             all(LayoutSource::Disabled),
@@ -257,6 +262,7 @@ fn arb_rules() -> impl Strategy<Value = Vec<LayoutRule>> {
             .map(|(m, source)| LayoutRule {
                 model: m.map(str::to_string),
                 source,
+                placements: None,
             })
             .collect()
     })
@@ -298,5 +304,221 @@ proptest! {
             let back = MigPartedConfig::from_yaml(&text).unwrap();
             prop_assert_eq!(back.get("gpustack-p"), Some(&entry));
         }
+    }
+}
+
+fn h100_rule(counts: &[(&str, u32)], placements: &str) -> LayoutRule {
+    LayoutRule {
+        model: Some("H100-SXM5-80GB".into()),
+        source: profiles(counts),
+        placements: Some(crate::mig::parse_layout(placements).unwrap()),
+    }
+}
+
+#[test]
+fn placements_travel_in_a_comment_nvidia_ignores_and_read_back() {
+    let c = cr(
+        "placed",
+        "x",
+        vec![h100_rule(
+            &[("1g.10gb", 2), ("3g.40gb", 1)],
+            "3g.40gb@4,1g.10gb@0,1g.10gb@1",
+        )],
+    );
+    let entry = generate(&c, &shipped()).unwrap();
+    let yaml = entries_yaml(std::slice::from_ref(&entry));
+    assert!(
+        yaml.contains(
+            "      # gpustack.io/placements gpustack-placed[0]: 3g.40gb@4 1g.10gb@0 1g.10gb@1\n"
+        ),
+        "{yaml}"
+    );
+    let back = MigPartedConfig::from_yaml(&format!("{DEFAULT_CONFIG_YAML}{yaml}")).unwrap();
+    assert_eq!(back.get("gpustack-placed"), Some(&entry));
+    let h100 = catalog::lookup("H100-SXM5-80GB").unwrap();
+    let EntryVerdict::Valid { layout } =
+        check_entry(&back.get("gpustack-placed").unwrap().entries[0], h100)
+    else {
+        panic!("invalid");
+    };
+    assert_eq!(
+        crate::mig::format_layout(&layout),
+        "3g.40gb@4,1g.10gb@0,1g.10gb@1"
+    );
+}
+
+#[test]
+fn bad_placements_are_refused_with_the_reason() {
+    // Overlapping: the geometry's reason names the instances.
+    let e = generate(
+        &cr(
+            "o",
+            "x",
+            vec![h100_rule(
+                &[("3g.40gb", 1), ("4g.40gb", 1)],
+                "3g.40gb@0,4g.40gb@0",
+            )],
+        ),
+        &shipped(),
+    )
+    .unwrap_err();
+    let text = e[0].to_string();
+    assert!(
+        matches!(&e[0], MigConfigError::LayoutInvalid { index: 0, .. })
+            && text.contains("placements 3g.40gb@0,4g.40gb@0"),
+        "{text}"
+    );
+    // A start the profile does not allow.
+    let e = generate(
+        &cr("s", "x", vec![h100_rule(&[("3g.40gb", 1)], "3g.40gb@1")]),
+        &shipped(),
+    )
+    .unwrap_err();
+    assert!(e[0].to_string().contains("3g.40gb@1"), "{}", e[0]);
+    // Counts and placements that differ.
+    let e = generate(
+        &cr("m", "x", vec![h100_rule(&[("1g.10gb", 2)], "1g.10gb@0")]),
+        &shipped(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e[0], MigConfigError::PlacementsMismatch { .. })
+            && e[0]
+                .to_string()
+                .contains("place 1 1g.10gb but the counts ask for 2"),
+        "{}",
+        e[0]
+    );
+    // Placements with a named config.
+    let mut rule = h100_rule(&[("1g.10gb", 1)], "1g.10gb@0");
+    rule.source = LayoutSource::Named("all-balanced".into());
+    let e = generate(&cr("n", "x", vec![rule]), &shipped()).unwrap_err();
+    assert!(
+        e[0].to_string()
+            .contains("placements go with profiles only"),
+        "{}",
+        e[0]
+    );
+    // The rule for every other model is checked per node.
+    let mut rule = h100_rule(&[("3g.40gb", 1)], "3g.40gb@1");
+    rule.model = None;
+    let c = cr("rest", "x", vec![rule]);
+    let node = MigNode {
+        name: "n0".into(),
+        labels: [("pool".to_string(), "x".to_string())].into(),
+        models: vec!["H100-SXM5-80GB".into()],
+    };
+    let plan = plan_mig_configs(&[c], &[node], &shipped(), &MigPartedConfig::default());
+    let st = &plan.statuses["rest"][0];
+    assert_eq!(st.state, NodeState::Invalid);
+    assert!(st.reason.contains("placements 3g.40gb@1"), "{}", st.reason);
+    assert!(plan.labels.is_empty());
+}
+
+#[test]
+fn placement_comments_that_name_nothing_or_disagree_are_refused() {
+    let base = "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 1}\n";
+    for (comment, want) in [
+        (
+            "# gpustack.io/placements b[0]: 1g.10gb@0",
+            "mig-configs.b[0]",
+        ),
+        (
+            "# gpustack.io/placements a[1]: 1g.10gb@0",
+            "entry the file does not have",
+        ),
+        (
+            "# gpustack.io/placements a[0]: 1g.10gb@0 1g.10gb@1",
+            "place 2 1g.10gb",
+        ),
+        (
+            "# gpustack.io/placements a[0]: 1g.10gb",
+            "expected <profile>@<start>",
+        ),
+        (
+            "# gpustack.io/placements a0: 1g.10gb@0",
+            "expected `# gpustack.io/placements",
+        ),
+    ] {
+        let e = MigPartedConfig::from_yaml(&format!("{base}      {comment}\n")).unwrap_err();
+        assert!(e.to_string().contains(want), "{comment}: {e}");
+    }
+    let twice = format!(
+        "{base}# gpustack.io/placements a[0]: 1g.10gb@0\n# gpustack.io/placements a[0]: 1g.10gb@1\n"
+    );
+    assert!(
+        MigPartedConfig::from_yaml(&twice)
+            .unwrap_err()
+            .to_string()
+            .contains("twice")
+    );
+    // Other comments stay comments.
+    let ok =
+        MigPartedConfig::from_yaml(&format!("{base}# gpustack.io/placement a[0]: x\n")).unwrap();
+    assert_eq!(ok.mig_configs[0].entries[0].placements, None);
+}
+
+/// A random valid H100 layout: instances added while the geometry accepts them.
+fn arb_h100_layout() -> impl Strategy<Value = Vec<PlacedInstance>> {
+    prop::collection::vec((0usize..64, 0usize..64), 1..10).prop_map(|picks| {
+        let geo = catalog::lookup("H100-SXM5-80GB")
+            .unwrap()
+            .mig
+            .as_ref()
+            .unwrap();
+        let mut layout: Vec<PlacedInstance> = Vec::new();
+        for (p, s) in picks {
+            let gi = &geo.gi_profiles[p % geo.gi_profiles.len()];
+            if gi.placements.is_empty() {
+                continue;
+            }
+            let start = gi.placements[s % gi.placements.len()].start;
+            let mut next = layout.clone();
+            next.push(PlacedInstance::new(gi.name.clone(), start));
+            if crate::mig::validate(geo, &next).is_ok() {
+                layout = next;
+            }
+        }
+        layout
+    })
+}
+
+proptest! {
+    /// Any valid placed layout, with the counts it gives, is accepted, read
+    /// back unchanged from the emitted file, and selected by the MIG manager
+    /// at exactly those starts.
+    #[test]
+    fn placements_round_trip_and_are_what_the_mig_manager_creates(layout in arb_h100_layout()) {
+        prop_assume!(!layout.is_empty());
+        let mut counts: Vec<(MigProfileName, u32)> = Vec::new();
+        for i in &layout {
+            match counts.iter_mut().find(|(p, _)| *p == i.profile) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((i.profile.clone(), 1)),
+            }
+        }
+        let rule = LayoutRule {
+            model: Some("H100-SXM5-80GB".into()),
+            source: LayoutSource::Profiles(counts),
+            placements: Some(layout.clone()),
+        };
+        let entry = generate(&cr("r", "x", vec![rule]), &shipped()).unwrap();
+        let text = format!("{DEFAULT_CONFIG_YAML}{}", entries_yaml(std::slice::from_ref(&entry)));
+        let back = MigPartedConfig::from_yaml(&text).unwrap();
+        prop_assert_eq!(back.get("gpustack-r"), Some(&entry));
+        let h100 = catalog::lookup("H100-SXM5-80GB").unwrap();
+        let gpus = [crate::migmanager::target::GpuFacts {
+            index: 0,
+            pci_device_id: h100.pci_device_ids[0],
+            geometry: h100.mig.as_ref(),
+            current: vec![],
+        }];
+        let sel = crate::migmanager::target::select(&back, "gpustack-r", &gpus).unwrap();
+        prop_assert_eq!(&sel[0].1.layout, &layout);
+        let mut starts: Vec<u32> = sel[0].1.target.gis.iter().map(|g| g.start).collect();
+        let mut want: Vec<u32> = layout.iter().map(|p| p.start).collect();
+        starts.sort_unstable();
+        want.sort_unstable();
+        prop_assert_eq!(starts, want);
     }
 }

@@ -401,6 +401,7 @@ mod cluster_side {
             rules: vec![LayoutRule {
                 model: None,
                 source: LayoutSource::Profiles(vec![(p("1g.10gb"), 7)]),
+                placements: None,
             }],
         };
         let d = Decided {
