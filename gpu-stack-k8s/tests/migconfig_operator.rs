@@ -306,3 +306,79 @@ fn a_demand_decision_relabels_its_node_with_a_generated_per_node_config() {
     assert_eq!(node.state, "Applied");
     assert_eq!(st.demand.unwrap().nodes[0].config_name, name);
 }
+
+fn placed(name: &str, placements: serde_json::Value) -> MigConfig {
+    mig_config(
+        name,
+        serde_json::json!({
+            "nodeSelector": {"pool": "mig"},
+            "layouts": [
+                {"gpuModel": "H100-SXM5-80GB", "profiles": {"1g.10gb": 2, "3g.40gb": 1},
+                 "placements": placements},
+                {"config": "all-1g.5gb"},
+            ],
+        }),
+    )
+}
+
+#[test]
+fn placements_reach_the_generated_config_and_the_mig_managers_target() {
+    let op = operator(serde_json::json!({}));
+    op.cluster().upsert_mig_config(placed(
+        "placed",
+        serde_json::json!([
+            {"profile": "3g.40gb", "start": 4},
+            {"profile": "1g.10gb", "start": 0},
+            {"profile": "1g.10gb", "start": 1},
+        ]),
+    ));
+    converge(&op);
+    assert_eq!(
+        label(&op, "hgx-h100-0", MIG_CONFIG).as_deref(),
+        Some("gpustack-placed")
+    );
+    let file = mig_file(&op);
+    let entry = file.get("gpustack-placed").unwrap();
+    let h100 = entry
+        .entries
+        .iter()
+        .find(|e| e.placements.is_some())
+        .expect("the H100 entry carries its placements");
+    assert_eq!(
+        gpu_stack_core::mig::format_layout(h100.placements.as_deref().unwrap()),
+        "3g.40gb@4,1g.10gb@0,1g.10gb@1"
+    );
+    let st = status(&op, "placed");
+    assert_eq!((st.pending, st.invalid), (2, 0), "{st:?}");
+}
+
+#[test]
+fn invalid_placements_change_no_node_and_say_why() {
+    let op = operator(serde_json::json!({}));
+    converge(&op);
+    let before = label(&op, "hgx-h100-0", MIG_CONFIG);
+    // 3g.40gb may start at 0 or 4 only.
+    op.cluster().upsert_mig_config(placed(
+        "misplaced",
+        serde_json::json!([
+            {"profile": "3g.40gb", "start": 2},
+            {"profile": "1g.10gb", "start": 0},
+            {"profile": "1g.10gb", "start": 1},
+        ]),
+    ));
+    converge(&op);
+    assert_eq!(label(&op, "hgx-h100-0", MIG_CONFIG), before);
+    assert!(mig_file(&op).get("gpustack-misplaced").is_none());
+    let st = status(&op, "misplaced");
+    let error = st.conditions.iter().find(|c| c.type_ == "Error").unwrap();
+    assert_eq!(error.reason, "InvalidSpec");
+    assert!(
+        error
+            .message
+            .contains("placements 3g.40gb@2,1g.10gb@0,1g.10gb@1")
+            && error.message.contains("3g.40gb@2"),
+        "{}",
+        error.message
+    );
+    assert!(st.nodes.iter().all(|n| n.state == "Invalid"));
+}

@@ -151,6 +151,9 @@ impl DemandSettings {
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "(has(self.profiles) ? 1 : 0) + (has(self.config) ? 1 : 0) + (has(self.migEnabled) && !self.migEnabled ? 1 : 0) == 1",
     "message": "set exactly one of profiles, config, or migEnabled: false"
+}, {
+    "rule": "!has(self.placements) || has(self.profiles)",
+    "message": "placements go with profiles: give the profile counts they place"
 }]))]
 pub struct MigLayout {
     /// A GPU model (`H100-SXM5-80GB`, `A100-SXM4-40GB`); absent for every
@@ -162,6 +165,14 @@ pub struct MigLayout {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "profiles_schema")]
     pub profiles: Option<BTreeMap<String, u32>>,
+    /// Where each instance of `profiles` goes: its first memory slice, e.g.
+    /// `[{profile: 3g.40gb, start: 4}, {profile: 1g.10gb, start: 0}]`. The
+    /// same instances as `profiles` counts (GPU-instance profiles only), one
+    /// entry each; absent lets the MIG manager choose the starts. Checked
+    /// against each selected node's GPU geometry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxItems" = MAX_PLACEMENTS))]
+    pub placements: Option<Vec<MigPlacement>>,
     /// A named config of the mig-parted file (`all-balanced`, `all-1g.10gb`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("maxLength" = 128))]
@@ -169,6 +180,22 @@ pub struct MigLayout {
     /// `false` turns MIG off on these GPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_enabled: Option<bool>,
+}
+
+/// Most placements one layout may give (a GPU holds at most 7 instances).
+pub const MAX_PLACEMENTS: u32 = 7;
+
+/// One GPU instance at an explicit start slice.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigPlacement {
+    /// A GPU-instance profile of `profiles` (`3g.40gb`, `1g.10gb+me`).
+    #[schemars(extend("pattern" = PROFILE_PATTERN, "maxLength" = 64))]
+    pub profile: String,
+    /// Its first memory slice (0-7); the profile's allowed starts are
+    /// checked per GPU model (`gpu-stack mig profiles --model MODEL`).
+    #[schemars(extend("minimum" = 0, "maximum" = 7))]
+    pub start: u32,
 }
 
 fn profiles_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -385,6 +412,16 @@ impl MigConfig {
                     (None, Some(c)) => LayoutSource::Named(c.clone()),
                     (None, None) => LayoutSource::Disabled,
                 },
+                placements: l.placements.as_ref().map(|list| {
+                    list.iter()
+                        .filter_map(|p| {
+                            Some(gpu_stack_core::mig::PlacedInstance::new(
+                                p.profile.parse().ok()?,
+                                p.start,
+                            ))
+                        })
+                        .collect()
+                }),
             })
             .collect();
         MigConfigInput {
@@ -406,6 +443,23 @@ impl MigConfig {
             if sources != 1 {
                 out.push(format!(
                     "MigConfig {}: spec.layouts[{i}]: set exactly one of profiles, config, or migEnabled: false",
+                    self.name()
+                ));
+            }
+            for (j, p) in l.placements.iter().flatten().enumerate() {
+                if let Err(e) = p.profile.parse::<gpu_stack_core::mig::MigProfileName>() {
+                    out.push(format!(
+                        "MigConfig {}: spec.layouts[{i}].placements[{j}].profile: {e}",
+                        self.name()
+                    ));
+                }
+            }
+            if l.placements
+                .as_ref()
+                .is_some_and(|p| p.len() > MAX_PLACEMENTS as usize)
+            {
+                out.push(format!(
+                    "MigConfig {}: spec.layouts[{i}].placements has more than {MAX_PLACEMENTS} entries; a GPU holds at most {MAX_PLACEMENTS} instances",
                     self.name()
                 ));
             }
