@@ -2,7 +2,8 @@
 //! a MigConfig into node labels and a generated entry of the mig-parted
 //! ConfigMap, `gpu-mig-manager` processes on three kwok nodes of simulated
 //! H100s apply it, and the MigConfig's status goes from Pending to Applied
-//! per node; an invalid MigConfig changes nothing and says why.
+//! per node, with its instances at exactly the placements it gives; an
+//! invalid MigConfig (a profile, or a placement) changes nothing and says why.
 //!
 //! The test plays the kubelet's ConfigMap volume: it copies the ConfigMap's
 //! file to each manager's `--config-file` before starting the managers.
@@ -49,6 +50,45 @@ fn mig_config(name: &str, pool: &str, profiles: serde_json::Value) -> serde_json
             "layouts": [{"gpuModel": "H100-SXM5-80GB", "profiles": profiles}],
         },
     })
+}
+
+/// `mig_config` with explicit placements (`(profile, start)`).
+fn placed(
+    name: &str,
+    pool: &str,
+    profiles: serde_json::Value,
+    at: &[(&str, u32)],
+) -> serde_json::Value {
+    let mut body = mig_config(name, pool, profiles);
+    body["spec"]["layouts"][0]["placements"] = at
+        .iter()
+        .map(|(p, s)| serde_json::json!({"profile": p, "start": s}))
+        .collect();
+    body
+}
+
+/// `(start, memory slices)` of every GPU instance of each simulated GPU.
+fn instances(state: &Path) -> Result<Vec<Vec<(u64, u64)>>> {
+    let body: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(state)?)?;
+    let gpus = body["gpus"].as_array().cloned().unwrap_or_default();
+    Ok(gpus
+        .iter()
+        .map(|g| {
+            let mut v: Vec<(u64, u64)> = g["gpu_instances"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|i| {
+                    (
+                        i["start"].as_u64().unwrap_or(99),
+                        i["size"].as_u64().unwrap_or(99),
+                    )
+                })
+                .collect();
+            v.sort_unstable();
+            v
+        })
+        .collect())
 }
 
 async fn apply(admin: &Client, body: &serde_json::Value) -> Result<()> {
@@ -121,12 +161,20 @@ async fn scenario(
     let good = format!("{prefix}-good");
     let entry = format!("gpustack-{good}");
     let started = Instant::now();
+    // Placements the planner would not choose by itself (it puts the
+    // 3g.40gb at slice 0).
     apply(
         admin,
-        &mig_config(
+        &placed(
             &good,
             &good_pool,
-            serde_json::json!({"1g.10gb": 4, "3g.40gb": 1}),
+            serde_json::json!({"1g.10gb": 3, "3g.40gb": 1}),
+            &[
+                ("3g.40gb", 4),
+                ("1g.10gb", 0),
+                ("1g.10gb", 1),
+                ("1g.10gb", 2),
+            ],
         ),
     )
     .await?;
@@ -180,8 +228,19 @@ async fn scenario(
         let logs: Vec<String> = managers.iter().map(AgentProcess::log_tail).collect();
         anyhow::bail!("{e}; manager logs:\n{}", logs.join("\n---\n"));
     }
+    ensure!(
+        file.contains(&format!(
+            "# gpustack.io/placements {entry}[0]: 3g.40gb@4 1g.10gb@0 1g.10gb@1 1g.10gb@2"
+        )),
+        "the generated entry carries the placements:\n{file}"
+    );
     for (node, f) in nodes.iter().zip(&files) {
         ensure!(mig_assert(f, node, &entry)?, "{node}'s GPUs match {entry}");
+        let got = instances(&f.state)?;
+        ensure!(
+            got.len() == 2 && got.iter().all(|g| g == &[(0, 1), (1, 1), (2, 1), (4, 4)]),
+            "{node}: instances (start, slices) {got:?}, not at the placements"
+        );
     }
     for n in fleet_nodes(admin, &format!("migc-pool={good_pool}")).await? {
         ensure!(n.labels().get(MIG_STATE).map(String::as_str) == Some("success"));
@@ -247,6 +306,41 @@ async fn scenario(
     ensure!(
         !text.contains(&format!("gpustack-{bad}")),
         "no config for the refused MigConfig"
+    );
+
+    // A placement the geometry refuses (3g.40gb starts at 0 or 4 only).
+    apply(
+        admin,
+        &placed(
+            &bad,
+            &bad_pool,
+            serde_json::json!({"3g.40gb": 1}),
+            &[("3g.40gb", 2)],
+        ),
+    )
+    .await?;
+    let message = wait_for("the placement's refusal in status", LONG, || async {
+        let st = Api::<MigConfig>::all(admin.clone())
+            .get(&bad)
+            .await?
+            .status
+            .unwrap_or_default();
+        Ok(st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Error" && c.status == "True" && c.message.contains("placements"))
+            .map(|c| c.message.clone()))
+    })
+    .await?;
+    ensure!(message.contains("placements 3g.40gb@2"), "{message}");
+    let after = fleet_nodes(admin, &format!("migc-pool={bad_pool}")).await?[0]
+        .labels()
+        .get(MIG_CONFIG)
+        .cloned();
+    ensure!(
+        after == before,
+        "{} relabelled: {before:?} -> {after:?}",
+        bad_node[0]
     );
     for mut m in managers {
         let _ = m.terminate();
