@@ -481,3 +481,71 @@ fn dgx_a100_every_fitting_config_agrees() {
 fn hgx_h100_every_fitting_config_agrees() {
     every_fitting_config("hgx-h100");
 }
+
+/// A generated MigConfig entry with placements (carried in a comment)
+/// works with NVIDIA's mig-parted, which applies and asserts its counts,
+/// while ours creates exactly the placed instances.
+#[test]
+fn hgx_h100_placements_are_ignored_by_mig_parted_and_applied_by_ours() {
+    use gpu_stack_core::operator::migconfig::{
+        LayoutRule, LayoutSource, MigConfigInput, entries_yaml, generate,
+    };
+    let Some(bench) = Bench::new("hgx-h100") else {
+        return;
+    };
+    let shipped = MigPartedConfig::default_config().unwrap();
+    let rule = LayoutRule {
+        model: Some("H100-SXM5-80GB".into()),
+        source: LayoutSource::Profiles(vec![
+            ("1g.10gb".parse().unwrap(), 3),
+            ("3g.40gb".parse().unwrap(), 1),
+        ]),
+        placements: Some(
+            gpu_stack_core::mig::parse_layout("3g.40gb@4,1g.10gb@0,1g.10gb@1,1g.10gb@2").unwrap(),
+        ),
+    };
+    let cr = MigConfigInput {
+        name: "placed".into(),
+        node_selector: Default::default(),
+        rules: vec![rule],
+    };
+    let entry = generate(&cr, &shipped).unwrap();
+    let text = format!(
+        "{}{}",
+        std::fs::read_to_string(CONFIG_FILE).unwrap(),
+        entries_yaml(std::slice::from_ref(&entry))
+    );
+    assert!(text.contains("# gpustack.io/placements gpustack-placed[0]:"));
+    let file = bench._dir.path().join("placed.yaml");
+    std::fs::write(&file, &text).unwrap();
+    let file = file.to_str().unwrap();
+    let nvidia_asserts = || {
+        let out = bench.nvidia(&["assert", "-f", file, "-c", "gpustack-placed"]);
+        out.status.success()
+    };
+    let out = bench.nvidia(&["apply", "-f", file, "-c", "gpustack-placed"]);
+    assert!(
+        out.status.success(),
+        "nvidia-mig-parted apply: {}",
+        shown(&out)
+    );
+    assert!(nvidia_asserts(), "NVIDIA's assert after its apply");
+    let out = bench.ours(&["apply", "-f", file, "-c", "gpustack-placed"]);
+    assert!(out.status.success(), "gpu-stack mig apply: {}", shown(&out));
+    let out = bench.ours(&["assert", "-f", file, "-c", "gpustack-placed"]);
+    assert!(
+        out.status.success(),
+        "gpu-stack mig assert: {}",
+        shown(&out)
+    );
+    // NVIDIA's assert checks the counts only: it still matches.
+    assert!(nvidia_asserts(), "NVIDIA's assert after our apply");
+    let path = bench._dir.path().join("gpus.json");
+    let state =
+        gpu_stack_nvml::sim::state::parse_state(&path, &std::fs::read(&path).unwrap()).unwrap();
+    for g in &state.gpus {
+        let mut got: Vec<(u32, u32)> = g.gpu_instances.iter().map(|i| (i.start, i.size)).collect();
+        got.sort_unstable();
+        assert_eq!(got, [(0, 1), (1, 1), (2, 1), (4, 4)], "GPU {}", g.index);
+    }
+}
