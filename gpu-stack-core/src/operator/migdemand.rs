@@ -332,8 +332,23 @@ fn counts(layout: &[PlacedInstance]) -> Demand {
     out
 }
 
+/// Whether a layout can be written as placements: GPU instances only (the
+/// planner's exact starts; compute-instance profiles go by count).
+fn placeable(layout: &[PlacedInstance]) -> bool {
+    !layout.is_empty() && layout.iter().all(|i| i.profile.is_gpu_instance())
+}
+
+/// A layout in start order, so equal layouts read and hash alike.
+fn sorted(layout: &[PlacedInstance]) -> Vec<PlacedInstance> {
+    let mut v = layout.to_vec();
+    v.sort_by_key(|i| (i.start, i.profile.to_string()));
+    v
+}
+
 /// The generated mig-parted config of a decided node layout: one entry per
-/// GPU (`devices: [i]`, MIG on, the layout's profile counts), named
+/// GPU (`devices: [i]`, MIG on, the layout's profile counts, and the
+/// planner's exact placements, so the MIG manager creates the instances
+/// where the plan put them and keeps those in use where they are), named
 /// `gpustack-<migconfig>_<hash>` after its content, so the node label
 /// changes whenever the layout does and nodes with one layout share a name.
 pub fn node_config(migconfig: &str, gpus: &[(u32, Vec<PlacedInstance>)]) -> NamedConfig {
@@ -346,7 +361,7 @@ pub fn node_config(migconfig: &str, gpus: &[(u32, Vec<PlacedInstance>)]) -> Name
             devices: Devices::Indices(vec![*i]),
             mig_enabled: true,
             mig_devices: counts(layout),
-            placements: None,
+            placements: placeable(layout).then(|| sorted(layout)),
         })
         .collect();
     // FNV-1a over the content: stable across releases and platforms.
@@ -354,9 +369,9 @@ pub fn node_config(migconfig: &str, gpus: &[(u32, Vec<PlacedInstance>)]) -> Name
     for (i, layout) in &gpus {
         let part = format!(
             "{i}:{};",
-            counts(layout)
+            sorted(layout)
                 .iter()
-                .map(|(p, n)| format!("{p}={n}"))
+                .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(",")
         );

@@ -340,8 +340,11 @@ mod cluster_side {
             "inf",
             &[(0, all_1g()), (1, vec![i("3g.40gb@4"), i("1g.10gb@0")])],
         );
-        assert_eq!(a.name, b.name, "placements do not change the name");
+        let a_again = node_config("inf", &[(0, all_1g()), (1, vec![i("3g.40gb@4")])]);
+        assert_eq!(a.name, a_again.name, "GPU order does not change the name");
+        assert_ne!(a.name, b.name, "placements are part of the content");
         assert_ne!(a.name, c.name);
+        assert_eq!(a.entries[1].placements, Some(vec![i("3g.40gb@4")]));
         assert!(a.name.starts_with("gpustack-inf_") && a.name.len() == "gpustack-inf_".len() + 8);
         assert_eq!(a.entries.len(), 2);
         assert_eq!(a.entries[0].devices, Devices::Indices(vec![0]));
