@@ -5,6 +5,8 @@
 //!
 //! - [`catalog`] and [`mig`]: GPU models, MIG geometry, layout validation, fit,
 //!   enumeration and fleet planning; [`migparted`] reads mig-parted config files.
+//! - [`dra`]: Dynamic Resource Allocation with dynamic MIG: the ResourceSlice
+//!   devices and shared counters of a node, and what preparing a claim does.
 //! - [`backend`]: the `GpuBackend` trait every GPU implementation serves.
 //! - [`operator`], [`deviceplugin`], [`gfd`], [`cdi`], [`metrics`], [`migmanager`]:
 //!   what the operator and the node agents decide.
@@ -37,6 +39,7 @@ pub mod backend;
 pub mod catalog;
 pub mod cdi;
 pub mod deviceplugin;
+pub mod dra;
 pub mod echo;
 pub mod fleet;
 pub mod gfd;
