@@ -28,6 +28,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod cdi;
 pub mod counters;
 pub mod devices;
 pub mod prepare;

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::counters::ModelDevice;
 use super::devices::{GpuDevices, find_device};
 use crate::mig::{MigGeometry, PlacedInstance, ValidateOptions, format_layout, validate_with};
+use crate::migmanager::{ObservedGpu, TargetGi, TargetGpu};
 
 /// Checkpoint format version.
 pub const CHECKPOINT_VERSION: u32 = 1;
@@ -376,6 +377,48 @@ pub fn plan_claim(
         }
     }
     Ok(ClaimPlan { devices, targets })
+}
+
+/// The planner target for one GPU: `None` wants it whole (MIG off, no
+/// instances); `Some(layout)` wants MIG on with exactly these GPU instances.
+/// An instance the GPU already holds keeps its compute instances as they are
+/// (a foreign instance may be split into several); a new one gets one
+/// compute instance spanning it.
+pub fn target_gpu(
+    observed: &ObservedGpu<u32, u32>,
+    geometry: &MigGeometry,
+    layout: Option<&[PlacedInstance]>,
+) -> TargetGpu<u32, u32> {
+    let Some(layout) = layout else {
+        return TargetGpu {
+            index: observed.index,
+            mig_enabled: false,
+            gis: Vec::new(),
+        };
+    };
+    let mut gis: Vec<TargetGi<u32, u32>> = layout
+        .iter()
+        .filter_map(|inst| {
+            let p = geometry.resolve(&inst.profile)?;
+            let cis = observed
+                .gis
+                .iter()
+                .find(|g| g.profile == p.id && g.start == inst.start && !g.cis.is_empty())
+                .map(|g| g.cis.iter().map(|c| c.profile).collect())
+                .unwrap_or_else(|| vec![p.compute_slices]);
+            Some(TargetGi {
+                profile: p.id,
+                start: inst.start,
+                cis,
+            })
+        })
+        .collect();
+    gis.sort_by_key(|g| g.start);
+    TargetGpu {
+        index: observed.index,
+        mig_enabled: true,
+        gis,
+    }
 }
 
 /// Whether a driver version predates R510 (the 4g+3g rule, R5).

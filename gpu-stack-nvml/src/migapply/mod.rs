@@ -551,6 +551,70 @@ pub fn apply(
     probe: &dyn ProcessProbe,
     on_event: &mut dyn FnMut(ApplyEvent<'_>),
 ) -> Result<ApplyReport, ApplyError> {
+    apply_planned(backend, options, probe, on_event, &|s| {
+        plan_from(s, config, name)
+    })
+}
+
+/// Per GPU index, the layout it must hold: `None` for MIG off (the whole
+/// GPU), `Some` for MIG on with exactly these GPU instances.
+pub type LayoutTargets = BTreeMap<u32, Option<Vec<PlacedInstance>>>;
+
+/// Brings the listed GPUs to explicit layouts, the way [`apply`] brings a
+/// node to a config: the same rounds, busy-instance refusal, MIG mode
+/// changes and GPU resets. GPUs not listed are left alone; instances a GPU
+/// holds that its layout keeps stay as they are, compute instances included.
+pub fn apply_targets(
+    backend: &dyn GpuBackend,
+    targets: &LayoutTargets,
+    options: ApplyOptions,
+    probe: &dyn ProcessProbe,
+    on_event: &mut dyn FnMut(ApplyEvent<'_>),
+) -> Result<ApplyReport, ApplyError> {
+    apply_planned(backend, options, probe, on_event, &|s| {
+        Ok(plan_targets(s, targets))
+    })
+}
+
+/// Plans explicit layouts on the GPUs a snapshot holds (see [`apply_targets`]).
+pub fn plan_targets(snapshots: Vec<GpuSnapshot>, targets: &LayoutTargets) -> NodePlan {
+    let mut gpus = Vec::new();
+    for (index, layout) in targets {
+        let Some(snap) = snapshots.iter().find(|s| s.info.index == *index) else {
+            continue;
+        };
+        let Some(geometry) = snap.geometry() else {
+            continue;
+        };
+        let target =
+            gpu_stack_core::dra::prepare::target_gpu(&snap.observed, geometry, layout.as_deref());
+        let plan = plan_gpu(&snap.observed, &target);
+        let scratch = from_scratch_calls(&snap.observed, &target);
+        let report = GpuReport {
+            gpu: *index,
+            device: catalog::format_pci_id(snap.info.pci_device_id),
+            entry: 0,
+            mig_enabled: target.mig_enabled,
+            target: layout.iter().flatten().map(|p| p.to_string()).collect(),
+            current: snap.layout.iter().map(|p| p.to_string()).collect(),
+            steps: plan.steps.iter().map(|s| s.to_string()).collect(),
+            kept: plan.kept,
+            needs_reset: plan.needs_reset,
+        };
+        gpus.push((plan, report, scratch));
+    }
+    NodePlan { snapshots, gpus }
+}
+
+type Planner<'a> = dyn Fn(Vec<GpuSnapshot>) -> Result<NodePlan, ApplyError> + 'a;
+
+fn apply_planned(
+    backend: &dyn GpuBackend,
+    options: ApplyOptions,
+    probe: &dyn ProcessProbe,
+    on_event: &mut dyn FnMut(ApplyEvent<'_>),
+    planner: &Planner<'_>,
+) -> Result<ApplyReport, ApplyError> {
     const MAX_ROUNDS: u32 = 4;
     // Another apply on this node would interleave its steps with ours.
     let _held = backend
@@ -573,7 +637,7 @@ pub fn apply(
         report.rounds = round;
         let snapshots = observe(backend, probe)?;
         report.read_calls += 1 + 2 * snapshots.iter().filter(|s| s.mig.is_some()).count();
-        let plan = plan_from(snapshots, config, name)?;
+        let plan = planner(snapshots)?;
         report.gpus = plan.reports();
         if first {
             report.from_scratch_calls = plan.gpus.iter().map(|(_, _, s)| *s).sum();
@@ -725,7 +789,7 @@ pub fn apply(
             return Ok(report);
         }
     }
-    let plan = plan_node(backend, config, name, probe)?;
+    let plan = planner(observe(backend, probe)?)?;
     report.gpus = plan.reports();
     let gpus = plan
         .gpus
