@@ -1,5 +1,6 @@
 //! Compiles the kubelet protocol definitions (device plugin v1beta1, pod-resources v1,
-//! the CRI runtime service's Status)
+//! the CRI runtime service's Status, DRA kubelet plugin v1 and plugin
+//! registration v1)
 //! with a protoc shipped inside a crate, so a fresh build needs nothing installed.
 use std::path::Path;
 
@@ -7,6 +8,8 @@ const PROTOS: &[&str] = &[
     "proto/deviceplugin/v1beta1/api.proto",
     "proto/podresources/v1/api.proto",
     "proto/cri/v1/api.proto",
+    "proto/dra/v1/api.proto",
+    "proto/pluginregistration/v1/api.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
