@@ -33,6 +33,7 @@
 #![forbid(unsafe_code)]
 pub mod demo;
 pub mod deviceplugin;
+pub mod dra;
 pub mod exporter;
 pub mod kubelet;
 pub mod migmanager;

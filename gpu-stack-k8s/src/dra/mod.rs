@@ -1,0 +1,7 @@
+//! The DRA kubelet plugin with dynamic MIG: ResourceSlices for the node
+//! ([`slices`]), and claims prepared by creating MIG instances at the
+//! placements the scheduler allocated ([`node`]).
+
+pub mod node;
+pub mod slices;
+pub mod run;
