@@ -37,11 +37,16 @@ pub enum Component {
     MigManager,
     /// Node status exporter: validation status as metrics.
     NodeStatusExporter,
+    /// DRA kubelet plugin (`gpu-dra-plugin`): publishes GPUs and MIG
+    /// placements as ResourceSlices and creates MIG instances for claims.
+    /// Named after its deploy label, like every other component.
+    #[serde(rename = "dra-driver")]
+    DraPlugin,
 }
 
 impl Component {
     /// Every component, in the order the operator walks them.
-    pub const ALL: [Component; 8] = [
+    pub const ALL: [Component; 9] = [
         Component::Driver,
         Component::ContainerToolkit,
         Component::OperatorValidator,
@@ -50,6 +55,7 @@ impl Component {
         Component::GpuFeatureDiscovery,
         Component::MigManager,
         Component::NodeStatusExporter,
+        Component::DraPlugin,
     ];
 
     /// The `<component>` part of the `nvidia.com/gpu.deploy.<component>` label.
@@ -63,6 +69,10 @@ impl Component {
             Component::DcgmExporter => "dcgm-exporter",
             Component::MigManager => "mig-manager",
             Component::NodeStatusExporter => "node-status-exporter",
+            // NVIDIA's label for its DRA kubelet plugin (the GPUCluster's
+            // `state-dra-driver`), so a node pool switched off for NVIDIA's
+            // DRA driver stays off for this one.
+            Component::DraPlugin => "dra-driver",
         }
     }
 
@@ -83,6 +93,8 @@ impl Component {
             Component::DcgmExporter => "nvidia-dcgm-exporter",
             Component::MigManager => "nvidia-mig-manager",
             Component::NodeStatusExporter => "nvidia-node-status-exporter",
+            // The kubelet plugin DaemonSet of NVIDIA's DRA driver chart.
+            Component::DraPlugin => "nvidia-dra-driver-gpu-kubelet-plugin",
         }
     }
 
@@ -100,7 +112,8 @@ impl Component {
             Component::DevicePlugin
             | Component::GpuFeatureDiscovery
             | Component::DcgmExporter
-            | Component::MigManager => &[Component::Driver, Component::ContainerToolkit],
+            | Component::MigManager
+            | Component::DraPlugin => &[Component::Driver, Component::ContainerToolkit],
             Component::NodeStatusExporter => &[Component::Driver],
         }
     }
@@ -119,9 +132,10 @@ impl Component {
                 Gate::PluginValidation,
             ],
             Component::MigManager => &[Gate::DriverValidation, Gate::ToolkitWait],
-            Component::DevicePlugin | Component::GpuFeatureDiscovery | Component::DcgmExporter => {
-                &[Gate::ToolkitWait]
-            }
+            Component::DevicePlugin
+            | Component::GpuFeatureDiscovery
+            | Component::DcgmExporter
+            | Component::DraPlugin => &[Gate::ToolkitWait],
         }
     }
 
@@ -229,11 +243,15 @@ pub struct Enablement {
     pub mig_manager: bool,
     /// `nodeStatusExporter.enabled`.
     pub node_status_exporter: bool,
+    /// `draDriver.enabled` (a gpu-stack extension).
+    #[serde(default)]
+    pub dra_plugin: bool,
 }
 
 impl Default for Enablement {
     /// The NVIDIA defaults when `enabled` is unset: everything on except the
-    /// node status exporter.
+    /// node status exporter (and the DRA plugin, which NVIDIA's ClusterPolicy
+    /// does not have).
     fn default() -> Self {
         Enablement {
             driver: true,
@@ -243,6 +261,7 @@ impl Default for Enablement {
             dcgm_exporter: true,
             mig_manager: true,
             node_status_exporter: false,
+            dra_plugin: false,
         }
     }
 }
@@ -259,6 +278,7 @@ impl Enablement {
             Component::DcgmExporter => self.dcgm_exporter,
             Component::MigManager => self.mig_manager,
             Component::NodeStatusExporter => self.node_status_exporter,
+            Component::DraPlugin => self.dra_plugin,
         }
     }
 
@@ -360,6 +380,25 @@ mod tests {
     }
 
     #[test]
+    fn serde_names_are_the_deploy_label_suffixes() {
+        for c in Component::ALL {
+            assert_eq!(
+                serde_json::to_value(c).unwrap(),
+                serde_json::Value::String(c.deploy_label_suffix().into())
+            );
+        }
+    }
+
+    #[test]
+    fn dra_plugin_waits_for_the_toolkit_like_the_device_plugin() {
+        let c = Component::DraPlugin;
+        assert_eq!(c.gates(), Component::DevicePlugin.gates());
+        assert_eq!(c.depends_on(), Component::DevicePlugin.depends_on());
+        assert_eq!(c.deploy_label(), "nvidia.com/gpu.deploy.dra-driver");
+        assert_eq!(c.daemonset_name(), "nvidia-dra-driver-gpu-kubelet-plugin");
+    }
+
+    #[test]
     fn every_gate_checks_a_dependency_or_itself() {
         for c in Component::ALL {
             for g in c.gates() {
@@ -396,6 +435,7 @@ mod tests {
     fn defaults_and_external_dependencies() {
         let en = Enablement::default();
         assert!(!en.is_enabled(Component::NodeStatusExporter));
+        assert!(!en.is_enabled(Component::DraPlugin));
         assert!(external_dependencies(&en).is_empty());
         let host_driver = Enablement {
             driver: false,

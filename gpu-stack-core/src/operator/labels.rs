@@ -52,6 +52,13 @@ pub const PAUSED_FOR_MIG_CHANGE: &str = "paused-for-mig-change";
 pub const PAUSED_FOR_DRIVER_UPGRADE: &str = "paused-for-driver-upgrade";
 /// Value the driver manager writes on `gpu.deploy.driver` when the host has a driver.
 pub const PRE_INSTALLED: &str = "pre-installed";
+/// Written by the operator next to the `gpu.deploy.mig-manager=false` it
+/// writes for the DRA plugin. It tells that `false` from one a person
+/// wrote: only the operator's own is turned back to `true` when the DRA
+/// plugin is switched off again, or removed with the operator's labels.
+pub const MIG_MANAGER_OFF: &str = "nvidia.com/gpu-stack.mig-manager-off";
+/// Value of [`MIG_MANAGER_OFF`]: the DRA plugin owns the node's MIG layout.
+pub const MIG_MANAGER_OFF_FOR_DRA: &str = "dra-driver";
 
 /// Node labels as a sorted map.
 pub type Labels = BTreeMap<String, String>;
@@ -152,6 +159,10 @@ pub struct LabelPolicy {
     /// `migManager.config.default`: when `all-disabled`, MIG-capable nodes
     /// without `nvidia.com/mig.config` get that value.
     pub mig_config_default: Option<String>,
+    /// `draDriver.enabled`: the DRA plugin is deployed and owns MIG layouts,
+    /// so the MIG manager is switched off on every GPU node.
+    #[serde(default)]
+    pub dra_driver: bool,
 }
 
 /// The label changes the operator makes on one node, given its current labels.
@@ -167,12 +178,32 @@ pub struct LabelPolicy {
 /// - `nvidia.com/mig.config=all-disabled` on MIG-capable nodes that have none,
 ///   when the policy's default MIG config is `all-disabled`.
 ///
+/// With the DRA plugin ([`LabelPolicy::dra_driver`]), one owner of a GPU
+/// layout:
+/// - `gpu.deploy.dra-driver` is filled like the others (and without the DRA
+///   plugin a `true` is removed, so a cluster that never enables it sees no
+///   new label; any other value is kept);
+/// - `gpu.deploy.mig-manager` becomes `false` on every GPU node where it is
+///   missing, empty or `true`, marked with [`MIG_MANAGER_OFF`]; `false` and
+///   `paused-for-*` written by others are kept (a paused value comes back as
+///   `true` and is then switched);
+/// - no default `nvidia.com/mig.config` is written, as no MIG manager reads it.
+///
+/// Without the DRA plugin a marked `false` counts as unset (it becomes `true`
+/// on MIG-capable nodes) and the mark goes.
+///
 /// The returned patch holds only real changes: applying it and calling this
 /// again yields an empty patch.
 pub fn deploy_label_patch(labels: &Labels, policy: &LabelPolicy) -> LabelPatch {
     let facts = NodeFacts::from_labels(labels);
     let mut want: LabelPatch = BTreeMap::new();
     let deploy_keys = || labels.keys().filter(|k| is_operator_deploy_label(k));
+
+    // The mark goes wherever the operator does not keep the MIG manager off.
+    let marked_off = labels.contains_key(MIG_MANAGER_OFF);
+    if marked_off {
+        want.insert(MIG_MANAGER_OFF.to_string(), None);
+    }
 
     if !facts.gpu {
         if labels.contains_key(GPU_PRESENT) {
@@ -192,13 +223,40 @@ pub fn deploy_label_patch(labels: &Labels, policy: &LabelPolicy) -> LabelPatch {
     } else {
         for c in Component::ALL {
             let key = c.deploy_label();
-            if c == Component::MigManager && !facts.mig_capable {
-                if labels.contains_key(&key) {
+            let mut current = labels.get(&key).map(String::as_str);
+            if c == Component::MigManager {
+                // The operator's own `false` is not a person's choice.
+                if marked_off && current == Some("false") {
+                    current = None;
+                }
+                if policy.dra_driver {
+                    if matches!(current, None | Some("") | Some("true")) {
+                        want.insert(key, Some("false".to_string()));
+                        want.insert(
+                            MIG_MANAGER_OFF.to_string(),
+                            Some(MIG_MANAGER_OFF_FOR_DRA.to_string()),
+                        );
+                    } else if marked_off {
+                        // Paused by another agent while off: keep the mark
+                        // until the value comes back.
+                        want.remove(MIG_MANAGER_OFF);
+                    }
+                    continue;
+                }
+                if !facts.mig_capable {
+                    if labels.contains_key(&key) {
+                        want.insert(key, None);
+                    }
+                    continue;
+                }
+            }
+            if c == Component::DraPlugin && !policy.dra_driver {
+                if matches!(current, Some("" | "true")) {
                     want.insert(key, None);
                 }
                 continue;
             }
-            match labels.get(&key) {
+            match current {
                 Some(v) if !v.is_empty() => {}
                 _ => {
                     want.insert(key, Some("true".to_string()));
@@ -206,6 +264,7 @@ pub fn deploy_label_patch(labels: &Labels, policy: &LabelPolicy) -> LabelPatch {
             }
         }
         if facts.mig_capable
+            && !policy.dra_driver
             && !labels.contains_key(MIG_CONFIG)
             && policy.mig_config_default.as_deref() == Some("all-disabled")
         {
@@ -284,7 +343,9 @@ mod tests {
             Some(&Some("true".into()))
         );
         assert!(!p.contains_key("nvidia.com/gpu.deploy.mig-manager"));
-        assert_eq!(p.len(), 1 + Component::ALL.len() - 1);
+        // Neither the MIG manager (not MIG-capable) nor the DRA plugin (off).
+        assert!(!p.contains_key("nvidia.com/gpu.deploy.dra-driver"));
+        assert_eq!(p.len(), 1 + Component::ALL.len() - 2);
     }
 
     #[test]
@@ -351,6 +412,7 @@ mod tests {
         l.insert(GPU_PRODUCT.into(), "NVIDIA-A100-SXM4-40GB".into());
         let pol = LabelPolicy {
             mig_config_default: Some("all-disabled".into()),
+            ..LabelPolicy::default()
         };
         let p = deploy_label_patch(&l, &pol);
         assert_eq!(p.get(MIG_CONFIG), Some(&Some("all-disabled".into())));
@@ -401,6 +463,8 @@ mod tests {
             "nvidia.com/gpu.deploy.device-plugin".to_string(),
             "nvidia.com/gpu.deploy.mig-manager".to_string(),
             "nvidia.com/gpu.deploy.dcgm-exporter".to_string(),
+            "nvidia.com/gpu.deploy.dra-driver".to_string(),
+            MIG_MANAGER_OFF.to_string(),
         ]);
         let values = prop::sample::select(vec![
             "true".to_string(),
@@ -410,13 +474,16 @@ mod tests {
             PAUSED_FOR_DRIVER_UPGRADE.to_string(),
             PRE_INSTALLED.to_string(),
         ]);
-        prop::collection::btree_map(keys, values, 0..9)
+        prop::collection::btree_map(keys, values, 0..11)
     }
 
     proptest! {
         #[test]
-        fn patch_is_idempotent(l in arb_labels(), all_disabled in any::<bool>()) {
-            let pol = LabelPolicy { mig_config_default: all_disabled.then(|| "all-disabled".to_string()) };
+        fn patch_is_idempotent(l in arb_labels(), all_disabled in any::<bool>(), dra_driver in any::<bool>()) {
+            let pol = LabelPolicy {
+                mig_config_default: all_disabled.then(|| "all-disabled".to_string()),
+                dra_driver,
+            };
             let p = deploy_label_patch(&l, &pol);
             let mut after = l.clone();
             apply_patch(&mut after, &p);
@@ -424,18 +491,38 @@ mod tests {
         }
 
         #[test]
-        fn foreign_values_survive(l in arb_labels()) {
-            let p = deploy_label_patch(&l, &LabelPolicy::default());
+        fn foreign_values_survive(l in arb_labels(), dra_driver in any::<bool>()) {
+            let pol = LabelPolicy { dra_driver, ..LabelPolicy::default() };
+            let p = deploy_label_patch(&l, &pol);
             let mut after = l.clone();
             apply_patch(&mut after, &p);
             let facts = NodeFacts::from_labels(&l);
+            let mig = "nvidia.com/gpu.deploy.mig-manager";
+            let ours = l.contains_key(MIG_MANAGER_OFF) && l.get(mig).is_some_and(|v| v == "false");
             for (k, v) in &l {
                 if is_operator_deploy_label(k) && !v.is_empty() && v != "true" && facts.gpu
                     && !facts.operands_disabled
-                    && (k != "nvidia.com/gpu.deploy.mig-manager" || facts.mig_capable)
+                    && (k != mig || ((facts.mig_capable || dra_driver) && !ours))
                 {
                     prop_assert_eq!(after.get(k), Some(v));
                 }
+            }
+        }
+
+        #[test]
+        fn with_dra_the_mig_manager_never_schedules(l in arb_labels()) {
+            let pol = LabelPolicy { dra_driver: true, ..LabelPolicy::default() };
+            let mig = "nvidia.com/gpu.deploy.mig-manager";
+            let before = l.get(mig).cloned();
+            let mut after = l.clone();
+            apply_patch(&mut after, &deploy_label_patch(&l, &pol));
+            prop_assert!(!schedules(&after, Component::MigManager));
+            // Wherever the plugin runs, the label its ownership check reads
+            // is `false` unless someone else wrote another value.
+            if schedules(&after, Component::DraPlugin)
+                && matches!(before.as_deref(), None | Some("" | "true"))
+            {
+                prop_assert_eq!(after.get(mig).map(String::as_str), Some("false"));
             }
         }
 
@@ -449,6 +536,75 @@ mod tests {
                 prop_assert!(!schedules(&l, c));
             }
         }
+    }
+
+    #[test]
+    fn dra_driver_switches_the_mig_manager_off_and_back() {
+        let mig = "nvidia.com/gpu.deploy.mig-manager";
+        let dra = "nvidia.com/gpu.deploy.dra-driver";
+        let off = LabelPolicy::default();
+        let on = LabelPolicy {
+            dra_driver: true,
+            mig_config_default: Some("all-disabled".into()),
+        };
+        let mut l = gpu_node();
+        l.insert(MIG_CAPABLE.into(), "true".into());
+        // Without the DRA plugin nothing about it appears.
+        let p = deploy_label_patch(&l, &off);
+        apply_patch(&mut l, &p);
+        assert_eq!(l.get(mig).map(String::as_str), Some("true"));
+        assert!(!l.contains_key(dra));
+        assert!(!l.contains_key(MIG_MANAGER_OFF));
+
+        // Enabled: the operator's `true` becomes a marked `false`.
+        let p = deploy_label_patch(&l, &on);
+        assert_eq!(p.get(mig), Some(&Some("false".into())));
+        assert_eq!(p.get(dra), Some(&Some("true".into())));
+        assert_eq!(
+            p.get(MIG_MANAGER_OFF),
+            Some(&Some(MIG_MANAGER_OFF_FOR_DRA.into()))
+        );
+        assert!(!p.contains_key(MIG_CONFIG));
+        apply_patch(&mut l, &p);
+        assert!(deploy_label_patch(&l, &on).is_empty());
+
+        // Disabled again: the MIG manager comes back, the plugin's label goes.
+        let p = deploy_label_patch(&l, &off);
+        assert_eq!(p.get(mig), Some(&Some("true".into())));
+        assert_eq!(p.get(dra), Some(&None));
+        assert_eq!(p.get(MIG_MANAGER_OFF), Some(&None));
+        apply_patch(&mut l, &p);
+        assert!(!l.contains_key(MIG_MANAGER_OFF));
+
+        // A person's `false` (no mark) stays `false` either way, unmarked.
+        l.insert(mig.into(), "false".into());
+        l.insert(dra.into(), "false".into());
+        for pol in [&on, &off] {
+            let p = deploy_label_patch(&l, pol);
+            assert!(!p.contains_key(mig), "{p:?}");
+            assert!(!p.contains_key(dra), "{p:?}");
+            assert!(!p.contains_key(MIG_MANAGER_OFF), "{p:?}");
+        }
+    }
+
+    #[test]
+    fn dra_driver_turns_the_mig_manager_off_on_nodes_not_known_mig_capable() {
+        let on = LabelPolicy {
+            dra_driver: true,
+            ..LabelPolicy::default()
+        };
+        let mut l = gpu_node();
+        let p = deploy_label_patch(&l, &on);
+        apply_patch(&mut l, &p);
+        assert_eq!(
+            l.get("nvidia.com/gpu.deploy.mig-manager")
+                .map(String::as_str),
+            Some("false")
+        );
+        // Back off: removed as on any node that is not MIG-capable.
+        let p = deploy_label_patch(&l, &LabelPolicy::default());
+        assert_eq!(p.get("nvidia.com/gpu.deploy.mig-manager"), Some(&None));
+        assert_eq!(p.get(MIG_MANAGER_OFF), Some(&None));
     }
 
     #[test]

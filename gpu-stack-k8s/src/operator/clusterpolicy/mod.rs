@@ -11,6 +11,7 @@
 //! condition naming the field, not a document the operator cannot read.
 use std::collections::BTreeMap;
 
+use gpu_stack_core::dra::devices::DEFAULT_DRIVER_NAME;
 use gpu_stack_core::operator::components::{Component, Enablement};
 use gpu_stack_core::operator::driver::{DriverRequest, KernelModuleType};
 use gpu_stack_core::operator::upgrade::UpgradePolicy;
@@ -93,6 +94,11 @@ pub struct ClusterPolicySpec {
     /// Pod Security Admission labels on the operand namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub psa: Option<PsaSpec>,
+    /// DRA kubelet plugin (a gpu-stack extension; NVIDIA's ClusterPolicy
+    /// has no such section). Off by default; when on, it owns MIG layouts
+    /// and the MIG manager is not deployed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra_driver: Option<DraDriverSpec>,
     /// Sections this operator does not implement (sandboxWorkloads, vgpu*, gds, ...).
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(skip)]
@@ -474,6 +480,36 @@ pub struct MigManagerSpec {
     pub config: Option<NamedConfig>,
 }
 
+/// `spec.draDriver`, a gpu-stack extension: the DRA kubelet plugin
+/// (`gpu-dra-plugin`, DaemonSet `nvidia-dra-driver-gpu-kubelet-plugin`,
+/// deploy label `nvidia.com/gpu.deploy.dra-driver`), which publishes the
+/// GPUs and their MIG placements as ResourceSlices and creates MIG instances
+/// for the claims it prepares.
+///
+/// One owner of a GPU layout: with `enabled: true` the MIG manager is not
+/// deployed whatever `migManager.enabled` says, and every GPU node gets
+/// `nvidia.com/gpu.deploy.mig-manager=false` (the plugin refuses a node with
+/// `nvidia.com/mig.config` otherwise). The device plugin stays as
+/// configured: on one node both would hand out the same GPUs, so switch one
+/// of them off per node pool (`nvidia.com/gpu.deploy.device-plugin=false`
+/// on DRA nodes, or `devicePlugin.enabled: false`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct DraDriverSpec {
+    /// Common operand fields (`enabled` defaults to false here).
+    #[serde(flatten)]
+    pub common: ComponentSpec,
+    /// The DRA driver name the devices are published under, which
+    /// DeviceClasses select (default `gpu.nvidia.com`, NVIDIA's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub driver_name: Option<String>,
+}
+
 /// `spec.cdi`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -670,7 +706,7 @@ fn is_int_or_percent(s: &str) -> bool {
 }
 
 /// Names of the top-level sections we model (used for the unsupported list).
-pub const KNOWN_SECTIONS: [&str; 15] = [
+pub const KNOWN_SECTIONS: [&str; 16] = [
     "operator",
     "daemonsets",
     "driver",
@@ -686,6 +722,7 @@ pub const KNOWN_SECTIONS: [&str; 15] = [
     "cdi",
     "hostPaths",
     "psa",
+    "draDriver",
 ];
 
 fn on(c: Option<&ComponentSpec>, default: bool) -> bool {
@@ -774,6 +811,7 @@ impl ClusterPolicySpec {
             Component::DcgmExporter => self.dcgm_exporter.as_ref(),
             Component::MigManager => self.mig_manager.as_ref().map(|m| &m.common),
             Component::NodeStatusExporter => self.node_status_exporter.as_ref(),
+            Component::DraPlugin => self.dra_driver.as_ref().map(|d| &d.common),
         }
     }
 
@@ -791,9 +829,27 @@ impl ClusterPolicySpec {
             device_plugin: on(self.component(Component::DevicePlugin), true),
             gfd: on(self.component(Component::GpuFeatureDiscovery), true),
             dcgm_exporter: on(self.component(Component::DcgmExporter), true),
-            mig_manager: on(self.component(Component::MigManager), true),
+            // One owner of a GPU layout: the DRA plugin creates MIG
+            // instances itself, so the MIG manager must not apply layouts.
+            mig_manager: on(self.component(Component::MigManager), true)
+                && !self.dra_driver_enabled(),
             node_status_exporter: on(self.component(Component::NodeStatusExporter), false),
+            dra_plugin: self.dra_driver_enabled(),
         }
+    }
+
+    /// `draDriver.enabled` (default false).
+    pub fn dra_driver_enabled(&self) -> bool {
+        on(self.component(Component::DraPlugin), false)
+    }
+
+    /// The DRA driver name (`draDriver.driverName`, default `gpu.nvidia.com`).
+    pub fn dra_driver_name(&self) -> String {
+        self.dra_driver
+            .as_ref()
+            .and_then(|d| nonempty(&d.driver_name))
+            .unwrap_or(DEFAULT_DRIVER_NAME)
+            .to_string()
     }
 
     /// Whether drivers are deployed per NVIDIADriver resource
@@ -823,6 +879,7 @@ impl ClusterPolicySpec {
             ),
             Component::DcgmExporter => (GPU_STACK_REPOSITORY, "gpu-exporter", GPU_STACK_VERSION),
             Component::MigManager => (GPU_STACK_REPOSITORY, "gpu-mig-manager", GPU_STACK_VERSION),
+            Component::DraPlugin => (GPU_STACK_REPOSITORY, "gpu-dra-plugin", GPU_STACK_VERSION),
             Component::OperatorValidator | Component::NodeStatusExporter => {
                 (GPU_STACK_REPOSITORY, "gpu-stack", GPU_STACK_VERSION)
             }
@@ -1019,6 +1076,19 @@ impl ClusterPolicySpec {
                 );
             }
         }
+        if let Some(name) = self
+            .dra_driver
+            .as_ref()
+            .and_then(|d| nonempty(&d.driver_name))
+            && let Err(why) = check_dra_driver_name(name)
+        {
+            out.push(ValidationError {
+                path: "spec.draDriver.driverName".into(),
+                message: format!(
+                    "{name:?} is not a DRA driver name: {why}; use a DNS subdomain such as gpu.nvidia.com"
+                ),
+            });
+        }
         if let Some(cdi) = &self.cdi
             && cdi.nri_plugin_enabled == Some(true)
             && (!self.cdi_enabled() || !self.enablement().toolkit)
@@ -1064,6 +1134,14 @@ impl ClusterPolicySpec {
         if self.dcgm.as_ref().and_then(|d| d.enabled) == Some(true) {
             out.push("spec.dcgm.enabled".into());
         }
+        // The DRA plugin owns MIG layouts: a MIG manager asked for is not
+        // deployed, and its settings are not acted on.
+        if self.dra_driver_enabled()
+            && let Some(m) = &self.mig_manager
+            && m.common.enabled != Some(false)
+        {
+            out.push("spec.migManager".into());
+        }
         if self.cdi.as_ref().and_then(|c| c.nri_plugin_enabled) == Some(true) {
             out.push("spec.cdi.nriPluginEnabled".into());
         }
@@ -1089,7 +1167,33 @@ pub fn section_name(c: Component) -> &'static str {
         Component::DcgmExporter => "dcgmExporter",
         Component::MigManager => "migManager",
         Component::NodeStatusExporter => "nodeStatusExporter",
+        Component::DraPlugin => "draDriver",
     }
+}
+
+/// Why `name` cannot be a DRA driver name (the kubelet plugin's own check:
+/// a DNS subdomain of at most 63 characters, which also names its socket
+/// directory), so a bad name is reported in status rather than by a
+/// crash-looping pod.
+fn check_dra_driver_name(name: &str) -> Result<(), &'static str> {
+    if name.len() > 63 {
+        return Err("it is longer than 63 characters");
+    }
+    for label in name.split('.') {
+        if label.is_empty() {
+            return Err("it has an empty label");
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err("it may hold only lowercase letters, digits, '-' and '.'");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err("a label starts or ends with '-'");
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

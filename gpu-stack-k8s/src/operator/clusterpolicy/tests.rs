@@ -329,3 +329,153 @@ fn crd_schema_carries_nvidia_upgrade_defaults() {
     );
     assert_eq!(p["autoUpgrade"]["default"], false);
 }
+
+#[test]
+fn dra_driver_is_off_by_default_and_owns_mig_layouts_when_on() {
+    let spec = ClusterPolicySpec::default();
+    assert!(!spec.dra_driver_enabled());
+    assert!(!spec.enablement().dra_plugin);
+    assert_eq!(spec.dra_driver_name(), "gpu.nvidia.com");
+    assert!(
+        spec.image_settings(Component::DraPlugin)
+            .image
+            .starts_with("ghcr.io/gpu-stack/gpu-dra-plugin:")
+    );
+
+    // The NVIDIA document is untouched by the extension.
+    let cp: ClusterPolicy = gpu_stack_core::yaml_guard::from_str(NVIDIA_POLICY).unwrap();
+    assert!(cp.spec.enablement().mig_manager);
+    assert!(
+        !cp.spec
+            .unsupported_fields()
+            .iter()
+            .any(|f| f.contains("draDriver"))
+    );
+
+    let mut on = cp.spec.clone();
+    on.dra_driver = Some(DraDriverSpec {
+        common: ComponentSpec {
+            enabled: Some(true),
+            ..ComponentSpec::default()
+        },
+        driver_name: Some("gpu.example.com".into()),
+    });
+    let en = on.enablement();
+    assert!(en.dra_plugin);
+    assert!(!en.mig_manager, "one owner of a GPU layout");
+    assert!(en.device_plugin, "the device plugin stays as configured");
+    assert_eq!(on.dra_driver_name(), "gpu.example.com");
+    // The MIG manager asked for is reported as not acted on ...
+    assert!(
+        on.unsupported_fields()
+            .iter()
+            .any(|f| f == "spec.migManager")
+    );
+    // ... unless it is switched off, or not asked for at all.
+    on.mig_manager = Some(MigManagerSpec {
+        common: ComponentSpec {
+            enabled: Some(false),
+            ..ComponentSpec::default()
+        },
+        ..MigManagerSpec::default()
+    });
+    assert!(
+        !on.unsupported_fields()
+            .iter()
+            .any(|f| f.starts_with("spec.migManager"))
+    );
+    on.mig_manager = None;
+    assert!(
+        !on.unsupported_fields()
+            .iter()
+            .any(|f| f.starts_with("spec.migManager"))
+    );
+    assert!(on.validate().is_empty(), "{:?}", on.validate());
+}
+
+#[test]
+fn dra_driver_round_trips_and_reports_unknown_keys() {
+    let spec: ClusterPolicySpec = serde_json::from_value(serde_json::json!({
+        "draDriver": {
+            "enabled": true,
+            "repository": "registry.local/gpu-stack",
+            "version": "1.2.3",
+            "imagePullPolicy": "Always",
+            "env": [{"name": "GPU_STACK_BACKEND", "value": "simulated"}],
+            "resources": {"limits": {"memory": "256Mi"}},
+            "featureGates": {"MPSSupport": true},
+        }
+    }))
+    .unwrap();
+    let d = spec.dra_driver.as_ref().expect("typed, not in extra");
+    assert!(spec.extra.is_empty());
+    assert_eq!(d.common.env[0].value, "simulated");
+    let image = spec.image_settings(Component::DraPlugin);
+    assert_eq!(image.image, "registry.local/gpu-stack/gpu-dra-plugin:1.2.3");
+    assert_eq!(image.pull_policy, "Always");
+    assert_eq!(
+        spec.unsupported_fields(),
+        ["spec.draDriver.featureGates"],
+        "unknown keys of the section are listed like any other section's"
+    );
+    let back: ClusterPolicySpec =
+        serde_json::from_value(serde_json::to_value(&spec).unwrap()).unwrap();
+    assert_eq!(back, spec);
+}
+
+#[test]
+fn dra_driver_name_and_common_fields_are_validated() {
+    for bad in ["GPU.example.com", "a..b", "-a.com", "a/b"] {
+        let spec: ClusterPolicySpec = serde_json::from_value(serde_json::json!({
+            "draDriver": {"enabled": true, "driverName": bad}
+        }))
+        .unwrap();
+        let errs = spec.validate();
+        assert!(
+            errs.iter()
+                .any(|e| e.path == "spec.draDriver.driverName"
+                    && e.message.contains("DNS subdomain")),
+            "{bad}: {errs:?}"
+        );
+    }
+    let spec: ClusterPolicySpec = serde_json::from_value(serde_json::json!({
+        "draDriver": {"imagePullPolicy": "sometimes", "driverName": "a".repeat(64)}
+    }))
+    .unwrap();
+    let paths: Vec<String> = spec.validate().into_iter().map(|e| e.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.draDriver.imagePullPolicy",
+            "spec.draDriver.driverName"
+        ]
+    );
+}
+
+#[test]
+fn crd_schema_documents_the_dra_driver_section() {
+    let crd = serde_json::to_value(<ClusterPolicy as kube::CustomResourceExt>::crd()).unwrap();
+    let d = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["draDriver"];
+    assert_eq!(d["x-kubernetes-preserve-unknown-fields"], true);
+    assert!(
+        d["description"]
+            .as_str()
+            .is_some_and(|s| s.contains("MIG manager is not deployed")),
+        "{d}"
+    );
+    let p = &d["properties"];
+    assert_eq!(p["driverName"]["maxLength"], 63);
+    assert!(p["driverName"]["pattern"].is_string());
+    for common in [
+        "enabled",
+        "repository",
+        "image",
+        "version",
+        "env",
+        "resources",
+        "args",
+    ] {
+        assert!(p[common].is_object(), "{common} missing from {p}");
+    }
+}

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpu_stack_core::operator::components::Component;
 use gpu_stack_core::operator::labels::{
-    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LabelPatch, paused_operands,
+    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LabelPatch, MIG_MANAGER_OFF, paused_operands,
 };
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
@@ -243,14 +244,20 @@ pub fn without_finalizer(finalizers: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// The label patch that undoes the operator's node labels.
+/// The label patch that undoes the operator's node labels. A `false` is a
+/// person's and stays, except the MIG manager's `false` the operator wrote
+/// for the DRA plugin (marked with [`MIG_MANAGER_OFF`]), which goes with
+/// its mark.
 pub fn cleanup_patch(labels: &std::collections::BTreeMap<String, String>) -> LabelPatch {
+    let marked_off = labels.contains_key(MIG_MANAGER_OFF);
+    let mig_manager = Component::MigManager.deploy_label();
     labels
         .iter()
         .filter(|(k, v)| {
-            (k.as_str() == GPU_PRESENT
-                || (k.starts_with(DEPLOY_PREFIX) && k.as_str() != DEPLOY_OPERANDS))
-                && v.as_str() != "false"
+            k.as_str() == MIG_MANAGER_OFF
+                || ((k.as_str() == GPU_PRESENT
+                    || (k.starts_with(DEPLOY_PREFIX) && k.as_str() != DEPLOY_OPERANDS))
+                    && (v.as_str() != "false" || (marked_off && **k == mig_manager)))
         })
         .map(|(k, _)| (k.clone(), None))
         .collect()
@@ -413,5 +420,32 @@ mod tests {
             ]
         );
         assert!(patch.values().all(Option::is_none));
+    }
+
+    #[test]
+    fn cleanup_removes_the_mig_manager_false_written_for_the_dra_plugin() {
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let ours = labels(&[
+            ("nvidia.com/gpu.deploy.mig-manager", "false"),
+            ("nvidia.com/gpu.deploy.dra-driver", "true"),
+            (MIG_MANAGER_OFF, "dra-driver"),
+        ]);
+        let removed: Vec<String> = cleanup_patch(&ours).into_keys().collect();
+        assert_eq!(
+            removed,
+            [
+                "nvidia.com/gpu-stack.mig-manager-off",
+                "nvidia.com/gpu.deploy.dra-driver",
+                "nvidia.com/gpu.deploy.mig-manager",
+            ]
+        );
+        // A person's `false`, unmarked, stays.
+        let theirs = labels(&[("nvidia.com/gpu.deploy.mig-manager", "false")]);
+        assert!(cleanup_patch(&theirs).is_empty());
     }
 }

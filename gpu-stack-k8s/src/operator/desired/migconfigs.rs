@@ -63,7 +63,11 @@ pub fn plan(
     let spec = &policy.spec;
     let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
     let config_name = spec.mig_config_name();
-    let not_managed = if !spec.enablement().mig_manager {
+    let not_managed = if spec.dra_driver_enabled() {
+        Some(format!(
+            "ClusterPolicy {policy_name} has draDriver.enabled: true: the DRA plugin creates MIG instances for claims and no MIG manager applies layouts; disable the DRA plugin to use MigConfigs"
+        ))
+    } else if !spec.enablement().mig_manager {
         Some(format!(
             "ClusterPolicy {policy_name} has migManager.enabled: false, so no MIG manager applies layouts; enable it"
         ))

@@ -412,6 +412,7 @@ pub fn desired_state_with(
     // Node labels, then the nodes as they will look.
     let label_policy = LabelPolicy {
         mig_config_default: Some(spec.mig_config_default()),
+        dra_driver: spec.dra_driver_enabled(),
     };
     let mut node_labels = BTreeMap::new();
     let empty = Labels::new();

@@ -140,6 +140,7 @@ pub fn service_account_name(c: Component) -> String {
         Component::DcgmExporter => "nvidia-dcgm-exporter".into(),
         Component::MigManager => "nvidia-mig-manager".into(),
         Component::NodeStatusExporter => "nvidia-node-status-exporter".into(),
+        Component::DraPlugin => "nvidia-dra-driver-gpu-kubelet-plugin".into(),
     }
 }
 
@@ -201,6 +202,24 @@ pub fn rbac_rules(spec: &ClusterPolicySpec, c: Component) -> Vec<PolicyRule> {
             rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
             // Outcome Events regarding its Node (recorded in "default").
             rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+        ],
+        // The plugin reads its Node (the MIG manager's ownership labels),
+        // publishes its ResourceSlices by server-side apply (listed by field
+        // selector, stale ones deleted), and reads the claims it prepares.
+        Component::DraPlugin => vec![
+            rule(&[""], &["nodes"], &["get"]),
+            rule(
+                &["resource.k8s.io"],
+                &["resourceslices"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+            ),
+            rule(
+                &["resource.k8s.io"],
+                &["resourceclaims"],
+                &["get", "list", "watch"],
+            ),
         ],
         // gpu-stack's agent watches its Node and its DaemonSet to tell a
         // removal from a restart at SIGTERM (NVIDIA's needs none).
@@ -328,6 +347,28 @@ const DRIVER_ROOT_VOLUME: &str = "driver-install-dir";
 const HOST_ROOT_VOLUME: &str = "host-root";
 /// Where the device plugin's pod sees the host's driver root.
 const PLUGIN_DRIVER_ROOT: &str = "/driver-root";
+/// Where container runtimes read CDI specs (the DRA plugin writes one per claim).
+const CDI_DIR: &str = "/var/run/cdi";
+
+/// The kubelet's root directory (`hostPaths.kubeletRootDir`).
+fn kubelet_root_dir(spec: &ClusterPolicySpec) -> String {
+    spec.host_paths
+        .as_ref()
+        .and_then(|h| h.kubelet_root_dir.clone())
+        .unwrap_or_else(|| "/var/lib/kubelet".into())
+}
+
+/// The DRA plugin's directories under the kubelet's root: `(plugins,
+/// registry)`. The pod mounts them at the host's own paths, because the
+/// plugin registers its socket with the kubelet by absolute path.
+fn dra_plugin_dirs(spec: &ClusterPolicySpec) -> (String, String) {
+    let root = kubelet_root_dir(spec);
+    let root = root.trim_end_matches('/');
+    (
+        format!("{root}/plugins"),
+        format!("{root}/plugins_registry"),
+    )
+}
 
 /// The host's driver root (`hostPaths.driverInstallDir`).
 fn driver_install_dir(spec: &ClusterPolicySpec) -> String {
@@ -564,6 +605,18 @@ fn component_env(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                 out.push(env("CONTAINER_DRIVER_ROOT", PLUGIN_DRIVER_ROOT));
             }
         }
+        Component::DraPlugin => {
+            let (plugins, registry) = dra_plugin_dirs(spec);
+            out.push(env("DRA_DRIVER_NAME", spec.dra_driver_name()));
+            out.push(env("KUBELET_PLUGINS_DIR", plugins));
+            out.push(env("KUBELET_REGISTRY_DIR", registry));
+            out.push(env("CDI_SPEC_DIR", CDI_DIR));
+            // The claims' CDI specs name host paths; the plugin finds the
+            // files where its pod mounts the driver root, as the device
+            // plugin does.
+            out.push(env("NVIDIA_DRIVER_ROOT", driver_install_dir(spec)));
+            out.push(env("CONTAINER_DRIVER_ROOT", PLUGIN_DRIVER_ROOT));
+        }
         Component::MigManager => {
             out.push(env("CONFIG_FILE", "/mig-parted-config/config.yaml"));
             out.push(env("DEFAULT_MIG_CONFIG", spec.mig_config_default()));
@@ -609,9 +662,7 @@ fn volumes(ctx: &RenderContext, c: Component) -> (Vec<Volume>, Vec<VolumeMount>)
     let hp = spec.host_paths.clone().unwrap_or_default();
     let driver_root = driver_install_dir(spec);
     let root_fs = hp.root_fs.unwrap_or_else(|| "/".into());
-    let kubelet = hp
-        .kubelet_root_dir
-        .unwrap_or_else(|| "/var/lib/kubelet".into());
+    let kubelet = kubelet_root_dir(spec);
     let mut vols = vec![
         host_volume(
             VALIDATIONS_VOLUME,
@@ -723,6 +774,32 @@ fn volumes(ctx: &RenderContext, c: Component) -> (Vec<Volume>, Vec<VolumeMount>)
                 None,
             ));
             mounts.push(mount("cdi-root", "/var/run/cdi", false, None));
+            mounts.push(mount(
+                DRIVER_ROOT_VOLUME,
+                PLUGIN_DRIVER_ROOT,
+                true,
+                Some("HostToContainer"),
+            ));
+        }
+        Component::DraPlugin => {
+            // NVIDIA's kubelet plugin mounts: the registration directory
+            // holds only sockets, so a plain bind does (as the device
+            // plugin's); the plugins directory also holds the kubelet's own
+            // mounts (CSI), so it is Bidirectional, which lets their
+            // unmounts reach the pod. The MIG capability minors are read
+            // from /proc, which a privileged container sees as the host's,
+            // as the device plugin does.
+            let (plugins, registry) = dra_plugin_dirs(spec);
+            vols.push(host_volume("plugins", &plugins, Some("DirectoryOrCreate")));
+            vols.push(host_volume(
+                "plugins-registry",
+                &registry,
+                Some("DirectoryOrCreate"),
+            ));
+            vols.push(host_volume("cdi-root", CDI_DIR, Some("DirectoryOrCreate")));
+            mounts.push(mount("plugins", &plugins, false, Some("Bidirectional")));
+            mounts.push(mount("plugins-registry", &registry, false, None));
+            mounts.push(mount("cdi-root", CDI_DIR, false, None));
             mounts.push(mount(
                 DRIVER_ROOT_VOLUME,
                 PLUGIN_DRIVER_ROOT,
@@ -926,7 +1003,10 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
             });
             host_pid = Some(true);
         }
-        Component::ContainerToolkit | Component::MigManager | Component::DevicePlugin => {
+        Component::ContainerToolkit
+        | Component::MigManager
+        | Component::DevicePlugin
+        | Component::DraPlugin => {
             main.security_context = privileged();
             if c == Component::MigManager {
                 host_pid = Some(true);

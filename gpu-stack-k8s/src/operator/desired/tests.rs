@@ -597,3 +597,377 @@ fn driver_manager_and_startup_probe_follow_the_policy_over_nvidias_defaults() {
         .unwrap_or_default();
     assert!(cmd.join(" ").contains("nvidia-smi && touch"), "{cmd:?}");
 }
+
+/// A MIG-capable GPU node as NFD and GFD label it.
+fn mig_gpu_node(name: &str) -> Node {
+    let labels: Labels = [
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
+        (NFD_OS_ID, "ubuntu"),
+        (NFD_OS_VERSION, "22.04"),
+        ("nvidia.com/mig.capable", "true"),
+        ("kubernetes.io/hostname", name),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn daemonset_named<'a>(d: &'a Desired, name: &str) -> Option<&'a Object> {
+    d.objects
+        .iter()
+        .find(|o| o.as_daemonset().is_some() && o.key().name == name)
+}
+
+const DRA_DS: &str = "nvidia-dra-driver-gpu-kubelet-plugin";
+
+#[test]
+fn dra_driver_renders_its_kubelet_plugin_instead_of_the_mig_manager() {
+    let policy = policy_with(serde_json::json!({"draDriver": {
+        "enabled": true,
+        "env": [{"name": "GPU_STACK_BACKEND", "value": "simulated"}],
+    }}));
+    let nodes = [mig_gpu_node("gpu-1")];
+    let d = desired_state(&policy, &nodes, &[], &Options::default());
+    assert!(
+        d.status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "Error" || c.status == "False"),
+        "{:?}",
+        d.status.conditions
+    );
+
+    // One owner of a GPU layout: no MIG manager, no mig-parted ConfigMap.
+    assert!(daemonset_named(&d, Component::MigManager.daemonset_name()).is_none());
+    assert!(
+        !d.objects
+            .iter()
+            .any(|o| o.key().name == "default-mig-parted-config")
+    );
+    let patch = &d.node_labels["gpu-1"];
+    assert_eq!(
+        patch.get("nvidia.com/gpu.deploy.mig-manager"),
+        Some(&Some("false".to_string()))
+    );
+    assert_eq!(
+        patch.get("nvidia.com/gpu.deploy.dra-driver"),
+        Some(&Some("true".to_string()))
+    );
+    assert!(
+        !patch.contains_key(gpu_stack_core::operator::labels::MIG_CONFIG),
+        "no MIG manager reads a default layout: {patch:?}"
+    );
+    // The device plugin stays as configured.
+    assert!(daemonset_named(&d, Component::DevicePlugin.daemonset_name()).is_some());
+
+    let ds = daemonset_named(&d, DRA_DS).expect("the DRA plugin DaemonSet");
+    let pod = pod_of(ds);
+    assert_eq!(
+        pod.node_selector
+            .clone()
+            .unwrap_or_default()
+            .get("nvidia.com/gpu.deploy.dra-driver"),
+        Some(&"true".to_string())
+    );
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("nvidia-dra-driver-gpu-kubelet-plugin")
+    );
+    assert_eq!(pod.host_pid, None);
+    let gates: Vec<&str> = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(gates, ["toolkit-validation"]);
+    let main = &pod.containers[0];
+    assert_eq!(
+        main.image.as_deref(),
+        Some(
+            format!(
+                "ghcr.io/gpu-stack/gpu-dra-plugin:{}",
+                crate::clusterpolicy::GPU_STACK_VERSION
+            )
+            .as_str()
+        )
+    );
+    assert_eq!(
+        main.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    let env: BTreeMap<&str, &k8s_openapi::api::core::v1::EnvVar> = main
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e))
+        .collect();
+    let value = |name: &str| env.get(name).and_then(|e| e.value.as_deref());
+    assert_eq!(
+        env["NODE_NAME"]
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("spec.nodeName")
+    );
+    assert_eq!(value("DRA_DRIVER_NAME"), Some("gpu.nvidia.com"));
+    assert_eq!(value("GPU_STACK_BACKEND"), Some("simulated"));
+    assert_eq!(
+        value("KUBELET_PLUGINS_DIR"),
+        Some("/var/lib/kubelet/plugins")
+    );
+    assert_eq!(
+        value("KUBELET_REGISTRY_DIR"),
+        Some("/var/lib/kubelet/plugins_registry")
+    );
+    assert_eq!(value("CDI_SPEC_DIR"), Some("/var/run/cdi"));
+    assert_eq!(value("NVIDIA_DRIVER_ROOT"), Some("/run/nvidia/driver"));
+    assert_eq!(value("CONTAINER_DRIVER_ROOT"), Some("/driver-root"));
+
+    // Each mount, with the host path behind it and its propagation.
+    let host: BTreeMap<&str, &str> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
+        .collect();
+    let mounts: BTreeMap<&str, (&str, Option<&str>)> = main
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| {
+            (
+                m.mount_path.as_str(),
+                (host[m.name.as_str()], m.mount_propagation.as_deref()),
+            )
+        })
+        .collect();
+    for (path, want) in [
+        (
+            "/var/lib/kubelet/plugins",
+            ("/var/lib/kubelet/plugins", Some("Bidirectional")),
+        ),
+        (
+            "/var/lib/kubelet/plugins_registry",
+            ("/var/lib/kubelet/plugins_registry", None),
+        ),
+        ("/var/run/cdi", ("/var/run/cdi", None)),
+        (
+            gpu_stack_core::operator::components::VALIDATIONS_DIR,
+            (
+                gpu_stack_core::operator::components::VALIDATIONS_DIR,
+                Some("HostToContainer"),
+            ),
+        ),
+        (
+            "/driver-root",
+            ("/run/nvidia/driver", Some("HostToContainer")),
+        ),
+    ] {
+        assert_eq!(mounts.get(path), Some(&want), "{path}: {mounts:?}");
+    }
+
+    // Its role: its Node, its ResourceSlices, the claims it prepares.
+    let role = d
+        .objects
+        .iter()
+        .find_map(|o| match o {
+            Object::ClusterRole(r) if r.metadata.name.as_deref() == Some(DRA_DS) => Some(r),
+            _ => None,
+        })
+        .expect("a ClusterRole for the DRA plugin");
+    let allows = |group: &str, resource: &str, verb: &str| {
+        role.rules.iter().flatten().any(|r| {
+            r.api_groups.iter().flatten().any(|g| g == group)
+                && r.resources.iter().flatten().any(|x| x == resource)
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    assert!(allows("", "nodes", "get"));
+    assert!(!allows("", "nodes", "patch"));
+    for verb in [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ] {
+        assert!(allows("resource.k8s.io", "resourceslices", verb), "{verb}");
+    }
+    for verb in ["get", "list", "watch"] {
+        assert!(allows("resource.k8s.io", "resourceclaims", verb), "{verb}");
+    }
+    assert!(!allows("resource.k8s.io", "resourceclaims", "update"));
+    assert!(d.objects.iter().any(|o| matches!(
+        o,
+        Object::ClusterRoleBinding(b) if b.role_ref.name == DRA_DS
+    )));
+}
+
+#[test]
+fn dra_driver_name_reaches_the_plugin() {
+    let policy = policy_with(serde_json::json!({"draDriver": {
+        "enabled": true, "driverName": "gpu.example.com", "version": "v9",
+    }}));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::DraPlugin, None);
+    let main = &pod_of(&ds).containers[0];
+    assert!(
+        main.env
+            .iter()
+            .flatten()
+            .any(|e| e.name == "DRA_DRIVER_NAME" && e.value.as_deref() == Some("gpu.example.com"))
+    );
+    assert_eq!(
+        main.image.as_deref(),
+        Some("ghcr.io/gpu-stack/gpu-dra-plugin:v9")
+    );
+}
+
+#[test]
+fn dra_plugin_sockets_are_at_the_kubelets_own_paths() {
+    // The plugin registers its socket by absolute path: the pod sees the
+    // kubelet's directories where the host has them.
+    let policy = policy_with(serde_json::json!({
+        "draDriver": {"enabled": true},
+        "hostPaths": {"kubeletRootDir": "/var/lib/k0s/kubelet"},
+    }));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::DraPlugin, None);
+    let pod = pod_of(&ds);
+    let main = &pod.containers[0];
+    for (var, dir, volume) in [
+        (
+            "KUBELET_PLUGINS_DIR",
+            "/var/lib/k0s/kubelet/plugins",
+            "plugins",
+        ),
+        (
+            "KUBELET_REGISTRY_DIR",
+            "/var/lib/k0s/kubelet/plugins_registry",
+            "plugins-registry",
+        ),
+    ] {
+        assert!(
+            main.env
+                .iter()
+                .flatten()
+                .any(|e| e.name == var && e.value.as_deref() == Some(dir)),
+            "{var}"
+        );
+        assert!(
+            main.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == volume && m.mount_path == dir),
+            "{volume}"
+        );
+        assert!(pod.volumes.iter().flatten().any(
+            |v| v.name == volume && v.host_path.as_ref().map(|h| h.path.as_str()) == Some(dir)
+        ));
+    }
+}
+
+#[test]
+fn without_dra_driver_nothing_changes() {
+    let nodes = [mig_gpu_node("gpu-1")];
+    let plain = desired_state(
+        &policy_with(serde_json::json!({})),
+        &nodes,
+        &[],
+        &Options::default(),
+    );
+    let off = desired_state(
+        &policy_with(
+            serde_json::json!({"draDriver": {"enabled": false, "driverName": "x.example.com"}}),
+        ),
+        &nodes,
+        &[],
+        &Options::default(),
+    );
+    assert_eq!(
+        serde_json::to_value(&plain.objects).unwrap(),
+        serde_json::to_value(&off.objects).unwrap()
+    );
+    assert_eq!(plain.node_labels, off.node_labels);
+    assert!(daemonset_named(&plain, DRA_DS).is_none());
+    assert!(daemonset_named(&plain, Component::MigManager.daemonset_name()).is_some());
+    assert!(
+        !plain.node_labels["gpu-1"]
+            .keys()
+            .any(|k| k.contains("dra") || k.contains("gpu-stack")),
+        "{:?}",
+        plain.node_labels
+    );
+}
+
+#[test]
+fn switching_dra_driver_off_brings_the_mig_manager_back() {
+    let on = policy_with(serde_json::json!({"draDriver": {"enabled": true}}));
+    let off = policy_with(serde_json::json!({"draDriver": {"enabled": false}}));
+    let mut nodes = [mig_gpu_node("gpu-1")];
+    let first = desired_state(&on, &nodes, &[], &Options::default());
+    let labels = nodes[0].metadata.labels.get_or_insert_with(BTreeMap::new);
+    apply_patch(labels, &first.node_labels["gpu-1"]);
+    // Applied: nothing more to do.
+    let again = desired_state(&on, &nodes, &first.objects, &Options::default());
+    assert!(!again.has_changes(), "{:?}", again.node_labels);
+
+    let back = desired_state(&off, &nodes, &first.objects, &Options::default());
+    let patch = &back.node_labels["gpu-1"];
+    assert_eq!(
+        patch.get("nvidia.com/gpu.deploy.mig-manager"),
+        Some(&Some("true".to_string()))
+    );
+    assert_eq!(patch.get("nvidia.com/gpu.deploy.dra-driver"), Some(&None));
+    assert!(back.delete.iter().any(|k| k.name == DRA_DS));
+    assert!(
+        back.apply
+            .iter()
+            .any(|o| o.key().name == Component::MigManager.daemonset_name())
+    );
+}
+
+#[test]
+fn mig_configs_say_the_dra_plugin_owns_mig_layouts() {
+    let policy = policy_with(serde_json::json!({"draDriver": {"enabled": true}}));
+    let mig: crate::operator::migconfig::MigConfig = serde_json::from_value(serde_json::json!({
+        "apiVersion": "gpustack.io/v1alpha1",
+        "kind": "MigConfig",
+        "metadata": {"name": "small", "generation": 1},
+        "spec": {"nodeSelector": {}, "layouts": [{"profiles": {"1g.10gb": 7}}]},
+    }))
+    .expect("a MigConfig");
+    let nodes = [mig_gpu_node("gpu-1")];
+    let d = desired_state_with(
+        &policy,
+        &nodes,
+        &[],
+        &Related {
+            mig_configs: std::slice::from_ref(&mig),
+            ..Related::default()
+        },
+        &Options::default(),
+    );
+    let status = &d.mig_config_status["small"];
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Error" && c.message.contains("draDriver.enabled")),
+        "{:?}",
+        status.conditions
+    );
+    assert!(!d.node_labels["gpu-1"].contains_key(gpu_stack_core::operator::labels::MIG_CONFIG));
+}
