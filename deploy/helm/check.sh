@@ -75,6 +75,20 @@ nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" \
   --set toolkit.image=gpu-stack --set toolkit.repository= --set toolkit.version= >"$out/toolkit.yaml"
 grep -A6 '^  toolkit:$' "$out/toolkit.yaml" | grep -q 'repository: registry.example.com/gpu-stack' \
   || { echo "deploy/helm/check.sh: toolkit.image=gpu-stack does not take imageRepository" >&2; exit 1; }
+# draDriver (the DRA kubelet plugin): off by default; on, it takes its image
+# from imageRepository and the DeviceClasses' driver name, and the operator
+# may grant its role.
+sed -n '/^  draDriver:$/,/^  [a-zA-Z]/p' "$out/default.yaml" | grep -q '^    enabled: false$' \
+  || { echo "deploy/helm/check.sh: draDriver is not off by default" >&2; exit 1; }
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" \
+  --set draDriver.enabled=true --set dra.driverName=gpu.example.com >"$out/dra.yaml"
+dra_section="$(sed -n '/^  draDriver:$/,/^  [a-zA-Z]/p' "$out/dra.yaml")"
+for want in 'enabled: true' 'repository: registry.example.com/gpu-stack' 'driverName: gpu.example.com'; do
+  grep -q "^    $want\$" <<<"$dra_section" \
+    || { echo "deploy/helm/check.sh: draDriver.enabled=true renders no \"$want\" in the ClusterPolicy: $dra_section" >&2; exit 1; }
+done
+grep -q '"nvidia-dra-driver-gpu-kubelet-plugin"' "$out/default.yaml" \
+  || { echo "deploy/helm/check.sh: the operator may not grant the DRA plugin's ClusterRole (operandRoles)" >&2; exit 1; }
 
 # Alerts and dashboard (README, "Alerts and dashboard"): the chart's copies in
 # files/ are the plain files in deploy/monitoring/, byte for byte; both are off
