@@ -25,13 +25,14 @@ use sha2::{Digest, Sha256};
 pub const LOCAL_REPOSITORY: &str = "localhost/gpu-stack";
 
 /// The project's binaries, each shipped as an image of the same name.
-pub const BINARIES: [&str; 6] = [
+pub const BINARIES: [&str; 7] = [
     "gpu-operator",
     "gpu-stack",
     "gpu-device-plugin",
     "gpu-feature-discovery",
     "gpu-exporter",
     "gpu-mig-manager",
+    "gpu-dra-plugin",
 ];
 
 /// Tag of every project image: the workspace version, as the chart's appVersion.
