@@ -234,7 +234,8 @@ pub async fn check_runtime(check: &RuntimeCheck) -> Result<ReadyFile, ValidatorE
     }
 }
 
-/// Reads the Node's allocatable resources.
+/// Reads the Node's allocatable resources and, on a node that runs the DRA
+/// plugin, how many devices its ResourceSlices publish.
 pub async fn plugin_evidence(
     client: &kube::Client,
     node: &str,
@@ -244,6 +245,31 @@ pub async fn plugin_evidence(
         node: node.to_string(),
         source,
     })?;
+    let dra_label = gpu_stack_core::operator::components::Component::DraPlugin.deploy_label();
+    let runs_dra = n
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(&dra_label))
+        .is_some_and(|v| v == "true");
+    let dra_devices = if runs_dra {
+        let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client.clone());
+        let list = slices
+            .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(|source| ValidatorError::Kube {
+                node: node.to_string(),
+                source,
+            })?;
+        Some(
+            list.items
+                .iter()
+                .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+                .sum(),
+        )
+    } else {
+        None
+    };
     let allocatable: BTreeMap<String, String> = n
         .status
         .and_then(|s| s.allocatable)
@@ -254,6 +280,7 @@ pub async fn plugin_evidence(
     Ok(PluginEvidence {
         node: node.to_string(),
         allocatable,
+        dra_devices,
     })
 }
 

@@ -184,7 +184,7 @@ pub enum ValidationError {
     },
     /// The Node advertises no GPU resource.
     #[error(
-        "plugin not ready: node {node} has no allocatable nvidia.com/gpu or nvidia.com/mig-* resource; check that the device plugin pod runs on this node and registered with the kubelet"
+        "plugin not ready: node {node} has no allocatable nvidia.com/gpu or nvidia.com/mig-* resource; check that the device plugin pod runs on this node and registered with the kubelet (or, on a DRA node, that the DRA plugin published its ResourceSlices)"
     )]
     NoGpuResources {
         /// Node name.
@@ -318,6 +318,11 @@ pub struct PluginEvidence {
     pub node: String,
     /// `status.allocatable` (resource name → quantity).
     pub allocatable: BTreeMap<String, String>,
+    /// Devices the node's DRA plugin publishes in its ResourceSlices, where
+    /// the node runs one (`nvidia.com/gpu.deploy.dra-driver=true`) instead of
+    /// the device plugin: GPUs reach pods through claims there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra_devices: Option<usize>,
 }
 
 /// Counts of GPU resources (`nvidia.com/gpu`, `nvidia.com/mig-*`) above zero.
@@ -340,6 +345,12 @@ pub fn gpu_resources(allocatable: &BTreeMap<String, String>) -> BTreeMap<String,
 pub fn check_plugin(evidence: &PluginEvidence) -> Result<ReadyFile, ValidationError> {
     let resources = gpu_resources(&evidence.allocatable);
     if resources.is_empty() {
+        if let Some(n) = evidence.dra_devices.filter(|n| *n > 0) {
+            return Ok(ReadyFile {
+                name: ValidationComponent::Plugin.ready_file(),
+                content: format!("DRA_DEVICES={n}\n"),
+            });
+        }
         return Err(ValidationError::NoGpuResources {
             node: evidence.node.clone(),
         });
@@ -528,9 +539,16 @@ mod tests {
                 ("nvidia.com/gpu".into(), "0".into()),
                 ("nvidia.com/mig-1g.10gb".into(), "junk".into()),
             ]),
+            dra_devices: None,
         };
         let err = check_plugin(&e).unwrap_err().to_string();
         assert!(err.contains("node n1"), "{err}");
+        // A DRA node passes on the devices its plugin published, not on none.
+        e.dra_devices = Some(0);
+        assert!(check_plugin(&e).is_err());
+        e.dra_devices = Some(26);
+        assert_eq!(check_plugin(&e).unwrap().content, "DRA_DEVICES=26\n");
+        e.dra_devices = None;
         e.allocatable
             .insert("nvidia.com/mig-1g.10gb".into(), "7".into());
         assert_eq!(
@@ -574,7 +592,7 @@ mod tests {
             a.insert("example.com/fpga".to_string(), other.to_string());
             if let Some(n) = gpu { a.insert(GPU_RESOURCE.into(), n.to_string()); }
             if let Some(n) = mig { a.insert("nvidia.com/mig-2g.20gb".into(), n.to_string()); }
-            let ok = check_plugin(&PluginEvidence { node: "n".into(), allocatable: a }).is_ok();
+            let ok = check_plugin(&PluginEvidence { node: "n".into(), allocatable: a, dra_devices: None }).is_ok();
             prop_assert_eq!(ok, gpu.unwrap_or(0) > 0 || mig.unwrap_or(0) > 0);
         }
     }

@@ -3,5 +3,5 @@
 //! placements the scheduler allocated ([`node`]).
 
 pub mod node;
-pub mod slices;
 pub mod run;
+pub mod slices;

@@ -170,14 +170,21 @@ pub async fn run(
                 let slices = node_slices(&options.driver, &owner, generation, &now);
                 match publish(&client, &options.driver, &options.node, &slices).await {
                     Ok(_) => {
-                        tracing::info!(generation, "the GPUs changed; ResourceSlices published again");
+                        tracing::info!(
+                            generation,
+                            "the GPUs changed; ResourceSlices published again"
+                        );
                         published = now;
                     }
-                    Err(e) => tracing::warn!(error = %e, "publishing ResourceSlices failed; retrying"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "publishing ResourceSlices failed; retrying")
+                    }
                 }
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "reading the GPUs failed; the slices stay as they are"),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the GPUs failed; the slices stay as they are")
+            }
         }
     }
     match serving.await {

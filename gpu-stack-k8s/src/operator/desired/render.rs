@@ -177,6 +177,8 @@ pub fn rbac_rules(spec: &ClusterPolicySpec, c: Component) -> Vec<PolicyRule> {
         ],
         Component::OperatorValidator => vec![
             rule(&[""], &["nodes"], &["get", "list", "watch"]),
+            // On a DRA node the plugin check counts the published devices.
+            rule(&["resource.k8s.io"], &["resourceslices"], &["list"]),
             rule(
                 &[""],
                 &["pods"],
