@@ -40,6 +40,17 @@ const CLIENT_BURST: &str = "400";
 /// `node-heartbeat-with-lease` stage: 600 s plus up to 610 s of jitter).
 const NODE_MONITOR_GRACE: &str = "30m";
 
+/// Feature gates of every control-plane component and the real node's
+/// kubelet, kept the same everywhere. `DRAPartitionableDevices` (KEP-4815,
+/// alpha and off by default in 1.34) lets ResourceSlices carry shared
+/// counters and devices consume them, which is how the MIG devices of one
+/// GPU exclude each other: without it the API server silently drops
+/// `sharedCounters` and `consumesCounters` from every slice it stores, and
+/// the scheduler refuses to allocate any device that consumes counters.
+/// Those two are the components that read it in 1.34; the controller manager
+/// and the kubelet get it too so no component sees a different API.
+pub const FEATURE_GATES: &str = "DRAPartitionableDevices=true";
+
 struct Component {
     name: &'static str,
     child: Child,
@@ -153,6 +164,7 @@ impl Cluster {
                     pki.join("sa.key").display()
                 ),
                 "--profiling=false".into(),
+                format!("--feature-gates={FEATURE_GATES}"),
                 format!("--egress-selector-config-file={}", egress.display()),
                 "--kubelet-preferred-address-types=InternalIP".into(),
                 // The real node's kubelet accepts clients signed by the cluster CA.
@@ -177,6 +189,7 @@ impl Cluster {
                 format!("--kube-api-qps={CLIENT_QPS}"),
                 format!("--kube-api-burst={CLIENT_BURST}"),
                 "--profiling=false".into(),
+                format!("--feature-gates={FEATURE_GATES}"),
             ]
         };
         let mut kcm = common(p.controller_manager);

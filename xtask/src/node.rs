@@ -836,13 +836,26 @@ serializeImagePulls: false
 maxPods: 110
 # One node: report allocatable changes (device health) within 2 s.
 nodeStatusUpdateFrequency: 2s
-"#,
+# The control plane's gates (the kubelet's --feature-gates flag is deprecated).
+featureGates:
+{gates}"#,
         ca = node.pki.join("ca.crt").display(),
         cgroup_root = node.cgroup_root,
         resolv = node.dir.join("resolv.conf").display(),
+        gates = kubelet_feature_gates(crate::cluster::FEATURE_GATES),
     );
     fs::write(node.dir.join("kubelet.yaml"), kubelet)?;
     Ok(())
+}
+
+/// `A=true,B=false` as the entries of a KubeletConfiguration `featureGates`
+/// map, one indented line each.
+fn kubelet_feature_gates(gates: &str) -> String {
+    gates
+        .split(',')
+        .filter_map(|g| g.split_once('='))
+        .map(|(name, value)| format!("  {}: {}\n", name.trim(), value.trim()))
+        .collect()
 }
 
 /// The simulated GPU host under [`SIM_DIR`]: fleet file, device nodes, sysfs
@@ -906,5 +919,17 @@ mod tests {
         let text = egress_selector_config(&node);
         assert!(text.contains("proxyProtocol: HTTPConnect"));
         assert!(text.contains("udsName: /tmp/x/node/egress.sock"));
+    }
+
+    #[test]
+    fn feature_gates_become_kubelet_config_map_entries() {
+        assert_eq!(
+            kubelet_feature_gates("A=true, B=false"),
+            "  A: true\n  B: false\n"
+        );
+        assert!(
+            kubelet_feature_gates(crate::cluster::FEATURE_GATES)
+                .contains("  DRAPartitionableDevices: true\n")
+        );
     }
 }
