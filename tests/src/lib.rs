@@ -9,6 +9,7 @@
 //! them; kwok keeps them Ready and runs the pods bound to them.
 pub mod binaries;
 pub mod chart;
+pub mod dra;
 pub mod migmanager;
 pub mod upgrade;
 
