@@ -87,6 +87,14 @@ for want in 'enabled: true' 'repository: registry.example.com/gpu-stack' 'driver
   grep -q "^    $want\$" <<<"$dra_section" \
     || { echo "deploy/helm/check.sh: draDriver.enabled=true renders no \"$want\" in the ClusterPolicy: $dra_section" >&2; exit 1; }
 done
+# ...and NVIDIA's DeviceClasses, selecting the devices of that driver name;
+# none by default.
+for class in gpu.nvidia.com mig.nvidia.com; do
+  grep -A12 "^  name: $class\$" "$out/dra.yaml" | grep -q "device.driver == 'gpu.example.com'" \
+    || { echo "deploy/helm/check.sh: draDriver.enabled=true renders no DeviceClass $class for gpu.example.com" >&2; exit 1; }
+done
+! grep -q '^kind: DeviceClass$' "$out/default.yaml" \
+  || { echo "deploy/helm/check.sh: DeviceClasses are installed by default" >&2; exit 1; }
 grep -q '"nvidia-dra-driver-gpu-kubelet-plugin"' "$out/default.yaml" \
   || { echo "deploy/helm/check.sh: the operator may not grant the DRA plugin's ClusterRole (operandRoles)" >&2; exit 1; }
 
