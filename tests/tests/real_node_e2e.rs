@@ -971,7 +971,12 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     // cordoned, the GPU workload evicted and rescheduled on the new driver.
     driver_upgrade(cluster, client, dir).await?;
 
-    // 9. helm uninstall: everything the stack made is gone, and the labels
+    // 9. Dynamic Resource Allocation: the DRA plugin instead of the device
+    // plugin and the MIG manager; a claim's MIG instance is created at the
+    // placement the scheduler chose and destroyed with its pod.
+    dra_on_the_node(cluster, client, dir).await?;
+
+    // 10. helm uninstall: everything the stack made is gone, and the labels
     // the operator, GFD and node discovery wrote (the MIG layout's stay).
     let boots_before_uninstall = containerd_boots(dir)?;
     uninstall(cluster)?;
@@ -1452,5 +1457,248 @@ async fn bad_input(cluster: &TestCluster, client: &Client) -> Result<()> {
     uninstall(cluster)?;
     let left = leftovers(client).await?;
     ensure!(left.is_empty(), "uninstall left {left:?}");
+    Ok(())
+}
+
+const DRA_DRIVER: &str = "gpu.nvidia.com";
+const DRA_CLAIM_TEMPLATE: &str = "one-1g";
+const DRA_POD: &str = "dra-workload";
+
+/// One simulated GPU instance: GPU index, profile, start, MIG device UUIDs.
+type NodeInstance = (u64, String, u64, Vec<String>);
+
+/// The node's simulated GPU instances.
+fn node_instances(dir: &Path) -> Result<Vec<NodeInstance>> {
+    let out = Command::new(workspace_binary("gpu-stack")?)
+        .args(["gpus", "--backend", "simulated", "-o", "json", "--fleet"])
+        .arg(on_node(dir, SIM_FLEET))
+        .args(["--node", NODE_NAME, "--sim-state"])
+        .arg(on_node(dir, SIM_STATE))
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "gpu-stack gpus failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let mut found = Vec::new();
+    for g in body["gpus"].as_array().into_iter().flatten() {
+        for gi in g["mig"]["gpu_instances"].as_array().into_iter().flatten() {
+            found.push((
+                g["index"].as_u64().unwrap_or(u64::MAX),
+                gi["profile_name"].as_str().unwrap_or_default().to_string(),
+                gi["placement"]["start"].as_u64().unwrap_or(u64::MAX),
+                gi["compute_instances"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|ci| ci["uuid"].as_str().map(String::from))
+                    .collect(),
+            ));
+        }
+    }
+    Ok(found)
+}
+
+async fn dra_slices(client: &Client) -> Result<Vec<k8s_openapi::api::resource::v1::ResourceSlice>> {
+    let api: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client.clone());
+    Ok(api
+        .list(&ListParams::default().fields(&format!(
+            "spec.nodeName={NODE_NAME},spec.driver={DRA_DRIVER}"
+        )))
+        .await?
+        .items)
+}
+
+async fn dra_on_the_node(cluster: &TestCluster, client: &Client, dir: &Path) -> Result<()> {
+    let chart = repo_root()
+        .join("deploy/helm/gpu-stack")
+        .display()
+        .to_string();
+    let values = repo_root()
+        .join("tests/real-node/dra-values.yaml")
+        .display()
+        .to_string();
+    run_helm(
+        cluster,
+        &[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--values",
+            &values,
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )?;
+    // The plugin runs as the operator's DaemonSet and publishes the node's
+    // GPUs: one slice per GPU, each with its counter set.
+    let slices = wait_for("the DRA plugin's ResourceSlices", ROLLOUT, || async {
+        let s = dra_slices(client)
+            .await
+            .map_err(|e| gpu_stack_e2e::E2eError::Check(format!("{e:#}")))?;
+        Ok((s.len() == 2).then_some(s))
+    })
+    .await?;
+    for s in &slices {
+        ensure!(
+            s.spec
+                .shared_counters
+                .as_ref()
+                .is_some_and(|c| !c.is_empty()),
+            "slice {} has no counter set",
+            s.name_any()
+        );
+    }
+    let before = node_instances(dir)?;
+
+    // A pod with a claim for one 1g.10gb, from a template as a user writes it.
+    let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(client.clone(), "default");
+    let template = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": DRA_CLAIM_TEMPLATE, "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{
+            "name": "mig",
+            "exactly": {
+                "deviceClassName": "mig.nvidia.com",
+                "selectors": [{"cel": {"expression":
+                    "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}}],
+            },
+        }]}}},
+    }))?;
+    let _ = templates
+        .delete(DRA_CLAIM_TEMPLATE, &DeleteParams::default())
+        .await;
+    templates.create(&PostParams::default(), &template).await?;
+    let mut pod = busybox_pod(
+        DRA_POD,
+        &[],
+        "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; ls /dev | grep nvidia | sed 's/^/DEV=/'; echo DRA-DONE; sleep 3600",
+    )?;
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.resource_claims = Some(vec![k8s_openapi::api::core::v1::PodResourceClaim {
+            name: "gpu".into(),
+            resource_claim_template_name: Some(DRA_CLAIM_TEMPLATE.into()),
+            ..Default::default()
+        }]);
+        spec.containers[0].resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            claims: Some(vec![k8s_openapi::api::core::v1::ResourceClaim {
+                name: "gpu".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+    }
+    let started = Instant::now();
+    let log = run_workload(client, pod, "DRA-DONE").await?;
+    println!(
+        "figure: DRA pod created -> running with its MIG instance: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let visible: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("VISIBLE="))
+        .collect();
+    ensure!(
+        visible.len() == 1 && visible[0].starts_with("MIG-") && !visible[0].contains(','),
+        "the DRA pod does not see exactly one MIG device: {log}"
+    );
+
+    // The scheduler's allocation names the placement; the instance is there.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let claim_name = pods
+        .get(DRA_POD)
+        .await?
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .and_then(|c| c.into_iter().next())
+        .and_then(|c| c.resource_claim_name)
+        .context("the pod's claim has no name in its status")?;
+    let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        Api::namespaced(client.clone(), "default");
+    let claim = claims.get(&claim_name).await?;
+    let device = claim
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .and_then(|r| r.into_iter().next())
+        .context("the claim is not allocated")?;
+    ensure!(
+        device.driver == DRA_DRIVER && device.pool == NODE_NAME,
+        "{device:?}"
+    );
+    // gpu-<minor>-mig-1g10gb-19-<start>
+    let parts: Vec<&str> = device.device.split('-').collect();
+    let (gpu, start) = match parts.as_slice() {
+        ["gpu", gpu, "mig", "1g10gb", "19", start] => (gpu.parse::<u64>()?, start.parse::<u64>()?),
+        _ => bail!(
+            "allocated device {} is not a 1g.10gb placement",
+            device.device
+        ),
+    };
+    let after = node_instances(dir)?;
+    let created: Vec<_> = after.iter().filter(|i| !before.contains(i)).collect();
+    ensure!(
+        created.len() == 1
+            && created[0].0 == gpu
+            && created[0].1 == "1g.10gb"
+            && created[0].2 == start
+            && created[0].3 == [visible[0].to_string()],
+        "expected exactly one new 1g.10gb instance on GPU {gpu} at slice {start} with UUID {}, found {created:?}",
+        visible[0]
+    );
+    println!(
+        "figure: DRA claim allocated {} and prepared as GPU {gpu} 1g.10gb@{start}",
+        device.device
+    );
+
+    // The pod goes: the kubelet unprepares the claim and the instance goes too.
+    delete_pod(client, DRA_POD).await;
+    wait_for("the claim's MIG instance to be destroyed", STEP, || async {
+        let now =
+            node_instances(dir).map_err(|e| gpu_stack_e2e::E2eError::Check(format!("{e:#}")))?;
+        Ok((now == before).then_some(()))
+    })
+    .await?;
+    templates
+        .delete(DRA_CLAIM_TEMPLATE, &DeleteParams::default())
+        .await?;
+
+    // Back to the device plugin and the MIG manager; the kubelet removes the
+    // slices of the plugin that went away.
+    run_helm(
+        cluster,
+        &[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "dra.enabled=false",
+            "--set",
+            "draDriver.enabled=false",
+            "--set",
+            "devicePlugin.enabled=true",
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )?;
+    wait_for("the DRA plugin's slices to go", ROLLOUT, || async {
+        let s = dra_slices(client)
+            .await
+            .map_err(|e| gpu_stack_e2e::E2eError::Check(format!("{e:#}")))?;
+        Ok(s.is_empty().then_some(()))
+    })
+    .await?;
     Ok(())
 }
