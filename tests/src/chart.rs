@@ -13,9 +13,9 @@ use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
 use gpu_stack_k8s::operator::migconfig::MigConfig;
 use gpu_stack_k8s::operator::nvidiadriver::NvidiaDriver;
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, CustomResourceExt, ResourceExt};
 
@@ -38,27 +38,15 @@ pub fn helm() -> Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
 }
 
-/// Renders the chart and applies its ServiceAccount and RBAC documents.
-pub async fn install_chart_rbac(
-    client: &Client,
-    release: &str,
-    namespace: &str,
-) -> Result<Vec<DynamicObject>> {
+/// The chart's documents as `helm template <release>` renders them with
+/// `args` (the chart insists on an image repository; one is set), nulls left
+/// out.
+pub fn template(release: &str, args: &[&str]) -> Result<Vec<serde_json::Value>> {
     let out = Command::new(helm()?)
         .args(["template", release])
         .arg(repo_root().join("deploy/helm/gpu-stack"))
-        .args([
-            "--namespace",
-            namespace,
-            "--set",
-            "clusterPolicy.deployCR=false",
-            // Only the operator's RBAC is applied (the node-discovery agent's
-            // is not needed); the chart insists on an image repository.
-            "--set",
-            "imageRepository=registry.example.com/gpu-stack",
-            "--set",
-            "nodeDiscovery.enabled=false",
-        ])
+        .args(["--set", "imageRepository=registry.example.com/gpu-stack"])
+        .args(args)
         .output()
         .context("helm template")?;
     ensure!(
@@ -67,7 +55,6 @@ pub async fn install_chart_rbac(
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout)?;
-    let mut applied = Vec::new();
     let docs: Vec<serde_json::Value> =
         serde_saphyr::from_multiple_with_options(&text, gpu_stack_core::yaml_guard::options())
             .map_err(|e| {
@@ -76,6 +63,29 @@ pub async fn install_chart_rbac(
                     gpu_stack_core::yaml_guard::message(&e)
                 )
             })?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// Renders the chart and applies its ServiceAccount and RBAC documents.
+pub async fn install_chart_rbac(
+    client: &Client,
+    release: &str,
+    namespace: &str,
+) -> Result<Vec<DynamicObject>> {
+    let docs = template(
+        release,
+        &[
+            "--namespace",
+            namespace,
+            "--set",
+            "clusterPolicy.deployCR=false",
+            // Only the operator's RBAC is applied (the node-discovery agent's
+            // is not needed).
+            "--set",
+            "nodeDiscovery.enabled=false",
+        ],
+    )?;
+    let mut applied = Vec::new();
     for value in docs {
         if value.is_null() {
             continue;
@@ -278,19 +288,7 @@ impl OperatorTestEnv {
     /// directory only when the test passed. Returns `result`.
     pub async fn teardown<T>(self, cluster: &TestCluster, result: Result<T>) -> Result<T> {
         let _ = force_delete_policy(&self.admin).await;
-        let own = format!("{}-", self.prefix);
-        let names: Vec<String> = match Api::<Node>::all(self.admin.clone())
-            .list_metadata(&ListParams::default())
-            .await
-        {
-            Ok(list) => list
-                .items
-                .iter()
-                .map(ResourceExt::name_any)
-                .filter(|n| n.starts_with(&own))
-                .collect(),
-            Err(_) => Vec::new(),
-        };
+        let names = crate::nodes_with_prefix(&self.admin, &self.prefix).await;
         let _ = cluster.delete_nodes(&names).await;
         delete_applied(&self.admin, &self.rbac).await;
         let _ = cluster.delete_namespace(&self.namespace).await;

@@ -5,9 +5,8 @@
 //! as MIG placements.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Context, Result};
 use futures::{StreamExt, TryStreamExt};
 use gpu_stack_core::backend::{GpuInfo, SystemInfo};
 use gpu_stack_core::catalog::GpuModel;
@@ -21,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 
-use crate::chart::{helm, repo_root};
+use crate::chart::template;
 
 pub use gpu_stack_core::dra::devices::DEFAULT_DRIVER_NAME as DRIVER;
 
@@ -133,37 +132,18 @@ pub async fn delete_node_slices(client: &Client, nodes: &[String]) -> Result<()>
 /// The chart's DeviceClasses (`dra.enabled=true`), as `helm template`
 /// renders them.
 pub fn chart_device_classes() -> Result<Vec<DeviceClass>> {
-    let out = Command::new(helm()?)
-        .args(["template", "gpu-stack"])
-        .arg(repo_root().join("deploy/helm/gpu-stack"))
-        .args([
-            "--set",
-            "imageRepository=registry.example.com/gpu-stack",
+    template(
+        "gpu-stack",
+        &[
             "--set",
             "dra.enabled=true",
             "--show-only",
             "templates/deviceclasses.yaml",
-        ])
-        .output()
-        .context("helm template")?;
-    ensure!(
-        out.status.success(),
-        "helm template failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple_with_options(&text, gpu_stack_core::yaml_guard::options())
-            .map_err(|e| {
-                anyhow!(
-                    "helm template output: {}",
-                    gpu_stack_core::yaml_guard::message(&e)
-                )
-            })?;
-    docs.into_iter()
-        .filter(|d| !d.is_null())
-        .map(|d| serde_json::from_value(d).context("a rendered DeviceClass"))
-        .collect()
+        ],
+    )?
+    .into_iter()
+    .map(|d| serde_json::from_value(d).context("a rendered DeviceClass"))
+    .collect()
 }
 
 /// A claim for `count` MIG devices of `profile`, selected by the attribute

@@ -26,7 +26,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use kube::api::{DeleteParams, PostParams};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
@@ -213,6 +214,24 @@ fn default_kubeconfig() -> PathBuf {
         .join(".cache")
         .join("cluster")
         .join("kubeconfig")
+}
+
+/// Names of the nodes `<prefix>-...` (a test's own), or none when they cannot
+/// be listed (for teardown, which goes on whatever happened).
+pub async fn nodes_with_prefix(client: &Client, prefix: &str) -> Vec<String> {
+    let own = format!("{prefix}-");
+    match Api::<Node>::all(client.clone())
+        .list_metadata(&ListParams::default())
+        .await
+    {
+        Ok(list) => list
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .filter(|n| n.starts_with(&own))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// A suffix unique within this machine for this run: process id, clock and a

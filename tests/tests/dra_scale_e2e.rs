@@ -130,23 +130,6 @@ where
     Ok(())
 }
 
-/// Names of the nodes `<prefix>-...`.
-async fn own_nodes(client: &Client, prefix: &str) -> Vec<String> {
-    let own = format!("{prefix}-");
-    match Api::<Node>::all(client.clone())
-        .list_metadata(&ListParams::default())
-        .await
-    {
-        Ok(list) => list
-            .items
-            .iter()
-            .map(ResourceExt::name_any)
-            .filter(|n| n.starts_with(&own))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
 /// Creates the fleet and waits until the scheduler may use every node:
 /// Ready, and free of the not-ready taint the node lifecycle controller puts
 /// on new nodes. Returns (name, uid) per node.
@@ -195,7 +178,7 @@ async fn ready_nodes(
 /// test left.
 async fn delete_fleet(cluster: &TestCluster, prefix: &str) {
     let client = cluster.client();
-    let nodes = own_nodes(&client, prefix).await;
+    let nodes = gpu_stack_e2e::nodes_with_prefix(&client, prefix).await;
     if let Err(err) = delete_node_slices(&client, &nodes).await {
         eprintln!("cleanup: deleting the ResourceSlices of {prefix}-*: {err:#}");
     }

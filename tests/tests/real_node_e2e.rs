@@ -286,6 +286,19 @@ async fn run_workload(client: &Client, pod: Pod, marker: &str) -> Result<String>
     }
 }
 
+/// The one device a workload's `VISIBLE=$NVIDIA_VISIBLE_DEVICES` line names,
+/// if it names exactly one and it starts with `prefix` (`GPU-`, `MIG-`).
+fn only_visible<'a>(log: &'a str, prefix: &str) -> Option<&'a str> {
+    let visible: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("VISIBLE="))
+        .collect();
+    match visible.as_slice() {
+        [one] if one.starts_with(prefix) && !one.contains(',') => Some(one),
+        _ => None,
+    }
+}
+
 async fn delete_pod(client: &Client, name: &str) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let _ = pods
@@ -855,12 +868,8 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         "figure: kubelet restart -> a GPU pod admitted and running in {:.1}s",
         restarted.elapsed().as_secs_f64()
     );
-    let visible: Vec<&str> = log2
-        .lines()
-        .filter_map(|l| l.strip_prefix("VISIBLE="))
-        .collect();
     ensure!(
-        visible.len() == 1 && visible[0].starts_with("GPU-") && !visible[0].contains(','),
+        only_visible(&log2, "GPU-").is_some(),
         "NVIDIA_VISIBLE_DEVICES is not exactly one GPU: {log2}"
     );
     delete_pod(client, "gpu-after-restart").await;
@@ -955,14 +964,8 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 3600",
     )?;
     let log3 = run_workload(client, mig_pod, "DONE").await?;
-    let mig_visible: Vec<&str> = log3
-        .lines()
-        .filter_map(|l| l.strip_prefix("VISIBLE="))
-        .collect();
     ensure!(
-        mig_visible.len() == 1
-            && mig_visible[0].starts_with("MIG-")
-            && !mig_visible[0].contains(','),
+        only_visible(&log3, "MIG-").is_some(),
         "the MIG pod does not see exactly one MIG device: {log3}"
     );
     delete_pod(client, "mig-workload").await;
@@ -1601,14 +1604,8 @@ async fn dra_on_the_node(cluster: &TestCluster, client: &Client, dir: &Path) -> 
         "figure: DRA pod created -> running with its MIG instance: {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let visible: Vec<&str> = log
-        .lines()
-        .filter_map(|l| l.strip_prefix("VISIBLE="))
-        .collect();
-    ensure!(
-        visible.len() == 1 && visible[0].starts_with("MIG-") && !visible[0].contains(','),
-        "the DRA pod does not see exactly one MIG device: {log}"
-    );
+    let visible = only_visible(&log, "MIG-")
+        .with_context(|| format!("the DRA pod does not see exactly one MIG device: {log}"))?;
 
     // The scheduler's allocation names the placement; the instance is there.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
@@ -1650,9 +1647,8 @@ async fn dra_on_the_node(cluster: &TestCluster, client: &Client, dir: &Path) -> 
             && created[0].0 == gpu
             && created[0].1 == "1g.10gb"
             && created[0].2 == start
-            && created[0].3 == [visible[0].to_string()],
-        "expected exactly one new 1g.10gb instance on GPU {gpu} at slice {start} with UUID {}, found {created:?}",
-        visible[0]
+            && created[0].3 == [visible.to_string()],
+        "expected exactly one new 1g.10gb instance on GPU {gpu} at slice {start} with UUID {visible}, found {created:?}"
     );
     println!(
         "figure: DRA claim allocated {} and prepared as GPU {gpu} 1g.10gb@{start}",

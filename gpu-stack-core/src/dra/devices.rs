@@ -103,9 +103,13 @@ pub fn gpu_device_name(minor: u32) -> String {
 /// The name of a MIG placement device (NVIDIA's canonical form: the profile
 /// without dots, other characters that a DNS label lacks as `-`).
 pub fn mig_device_name(minor: u32, profile: &str, profile_id: u32, start: u32) -> String {
-    let p: String = profile
-        .chars()
-        .filter(|&c| c != '.')
+    let p = dns_label_chars(&profile.replace('.', ""));
+    format!("gpu-{minor}-mig-{p}-{profile_id}-{start}")
+}
+
+/// `s` in lower case with every character a DNS label lacks as `-`.
+pub fn dns_label_chars(s: &str) -> String {
+    s.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() {
                 c.to_ascii_lowercase()
@@ -113,8 +117,7 @@ pub fn mig_device_name(minor: u32, profile: &str, profile_id: u32, start: u32) -
                 '-'
             }
         })
-        .collect();
-    format!("gpu-{minor}-mig-{p}-{profile_id}-{start}")
+        .collect()
 }
 
 /// A version as `major.minor.patch` without leading zeros (`570.195.03` ->

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use gpu_stack_core::dra::devices::{AttributeValue, GpuDevices};
+use gpu_stack_core::dra::devices::{AttributeValue, GpuDevices, dns_label_chars};
 use k8s_openapi::api::resource::v1::{
     Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
     ResourcePool, ResourceSlice, ResourceSliceSpec,
@@ -47,16 +47,7 @@ pub enum SliceError {
 
 /// The slice name of GPU `index` of `node` for `driver`.
 pub fn slice_name(node: &str, driver: &str, gpu: u32) -> String {
-    let driver: String = driver
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
+    let driver = dns_label_chars(driver);
     let name = format!("{node}-{driver}-gpu-{gpu}");
     if name.len() <= 253 {
         return name;
@@ -74,6 +65,19 @@ fn fnv(s: &str) -> u32 {
 
 fn quantity(n: u64) -> Quantity {
     Quantity(n.to_string())
+}
+
+fn counters(list: &[(String, u64)]) -> BTreeMap<String, Counter> {
+    list.iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                Counter {
+                    value: quantity(*v),
+                },
+            )
+        })
+        .collect()
 }
 
 fn attribute(v: &AttributeValue) -> DeviceAttribute {
@@ -135,18 +139,7 @@ pub fn node_slices(
                     consumes_counters: match (&set_name, d.consumes.is_empty()) {
                         (Some(set), false) => Some(vec![DeviceCounterConsumption {
                             counter_set: set.clone(),
-                            counters: d
-                                .consumes
-                                .iter()
-                                .map(|(k, v)| {
-                                    (
-                                        k.clone(),
-                                        Counter {
-                                            value: quantity(*v),
-                                        },
-                                    )
-                                })
-                                .collect(),
+                            counters: counters(&d.consumes),
                         }]),
                         _ => None,
                     },
@@ -183,18 +176,7 @@ pub fn node_slices(
                     shared_counters: g.counter_set.as_ref().map(|s| {
                         vec![CounterSet {
                             name: s.name.clone(),
-                            counters: s
-                                .counters
-                                .iter()
-                                .map(|(k, v)| {
-                                    (
-                                        k.clone(),
-                                        Counter {
-                                            value: quantity(*v),
-                                        },
-                                    )
-                                })
-                                .collect(),
+                            counters: counters(&s.counters),
                         }]
                     }),
                     devices: Some(devices),
