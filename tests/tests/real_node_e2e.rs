@@ -3,7 +3,8 @@
 //! always part of `cargo xtask test`), the operator as the chart's
 //! Deployment, the node found without NFD, every operand as a real container
 //! of the project's images on simulated GPUs, workload pods that get exactly
-//! their GPUs, MIG, faults, and `helm uninstall`.
+//! their GPUs, MIG, faults, a driver upgrade, MIG instances created for
+//! DRA claims, and `helm uninstall`.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -1514,6 +1515,42 @@ async fn dra_slices(client: &Client) -> Result<Vec<k8s_openapi::api::resource::v
 }
 
 async fn dra_on_the_node(cluster: &TestCluster, client: &Client, dir: &Path) -> Result<()> {
+    // The GPUs are handed over empty, as a user would: the MIG manager turns
+    // MIG off (all-1g.10gb from step 7 leaves no room), then the DRA plugin
+    // owns the layout.
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            NODE_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"labels": {"nvidia.com/mig.config": "all-disabled"}}
+            })),
+        )
+        .await?;
+    wait_for("MIG to be off (all-disabled applied)", ROLLOUT, || {
+        let nodes = nodes.clone();
+        async move {
+            let node = nodes.get(NODE_NAME).await?;
+            match node_label(&node, "nvidia.com/mig.config.state").as_deref() {
+                Some("failed") => Err(gpu_stack_e2e::E2eError::Check(format!(
+                    "mig.config.state=failed: {:?}",
+                    node.annotations()
+                ))),
+                Some("success") if allocatable(&node, "nvidia.com/mig-1g.10gb") == 0 => {
+                    Ok(Some(()))
+                }
+                _ => Ok(None),
+            }
+        }
+    })
+    .await?;
+    let left = node_instances(dir)?;
+    ensure!(
+        left.is_empty(),
+        "MIG instances left after all-disabled: {left:?}"
+    );
+
     let chart = repo_root()
         .join("deploy/helm/gpu-stack")
         .display()
