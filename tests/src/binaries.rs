@@ -120,6 +120,14 @@ impl AgentProcess {
     }
 }
 
+impl AgentProcess {
+    /// SIGKILL, as a crash or the OOM killer ends a process, and reap it.
+    pub fn kill(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.kill()?;
+        self.child.wait()
+    }
+}
+
 impl Drop for AgentProcess {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {

@@ -1612,6 +1612,8 @@ async fn dra_on_the_node(cluster: &TestCluster, client: &Client, dir: &Path) -> 
             },
         }]}}},
     }))?;
+    // An earlier failed run may have left its pod and template.
+    delete_pod(client, DRA_POD).await;
     let _ = templates
         .delete(DRA_CLAIM_TEMPLATE, &DeleteParams::default())
         .await;
