@@ -160,10 +160,10 @@ fn the_pre_r510_rule_refuses_exactly_the_allowed_sets_with_a_4g_and_a_3g() {
             );
             refused += usize::from(is_refused);
         }
-        // Rare: at most one allowed set in ten on any GPU.
-        assert!(
-            refused * 10 <= sets.len(),
-            "{name}: {refused} of {}",
+        // Rare: the only 4g placement and the 3g beside it, at most one set.
+        assert!(refused <= 1, "{name}: {refused} of {}", sets.len());
+        println!(
+            "figure: {name}: {} device sets the counters allow, {refused} refused at prepare on a pre-R510 driver",
             sets.len()
         );
     }
