@@ -1518,6 +1518,19 @@ async fn dra_on_the_node(cluster: &TestCluster, client: &Client, dir: &Path) -> 
     // The GPUs are handed over empty, as a user would: the MIG manager turns
     // MIG off (all-1g.10gb from step 7 leaves no room), then the DRA plugin
     // owns the layout.
+    // The MIG manager refuses to take instances that pods use: the driver
+    // upgrade's workload leaves with its Deployment, in the background.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    wait_for("the driver upgrade's workload pods to go", STEP, || {
+        let pods = pods.clone();
+        async move {
+            let left = pods
+                .list(&ListParams::default().labels(&format!("app={WORKLOAD}")))
+                .await?;
+            Ok(left.items.is_empty().then_some(()))
+        }
+    })
+    .await?;
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .patch(
@@ -1647,7 +1660,6 @@ async fn dra_on_the_node(cluster: &TestCluster, client: &Client, dir: &Path) -> 
         .with_context(|| format!("the DRA pod does not see exactly one MIG device: {log}"))?;
 
     // The scheduler's allocation names the placement; the instance is there.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let claim_name = pods
         .get(DRA_POD)
         .await?
