@@ -218,10 +218,24 @@ async fn removal_wanted(watched: Option<(kube::Client, PodIdentity, RemovalWatch
     };
     match component_removed(&client, &who).await {
         Ok(removed) => removed || watch.removed(),
+        // Refused: the agent's role is gone, and the operator deletes it only
+        // with the DaemonSet (a rolling update or an eviction keeps it).
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::info!(error = %e, "the toolkit's role is gone with its DaemonSet: removing");
+            true
+        }
         Err(e) => {
-            // The watch events of a deletion arrive before the pod's SIGTERM
-            // (the garbage collector deletes the pods after their owner).
-            let removed = watch.removed();
+            // The watch events of a deletion usually arrive before the pod's
+            // SIGTERM (the garbage collector deletes the pods after their
+            // owner); a watch that was re-listing gets a moment to catch up.
+            let mut removed = watch.removed();
+            for _ in 0..20 {
+                if removed {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                removed = watch.removed();
+            }
             tracing::info!(error = %e, removed, "cannot ask the API server: deciding by the last watch events");
             removed
         }
