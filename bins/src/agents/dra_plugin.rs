@@ -35,7 +35,11 @@ pub struct Args {
     #[arg(long, env = "DRA_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME)]
     driver_name: String,
     /// The kubelet's plugins directory (the DRA socket goes in `<dir>/<driver>`).
-    #[arg(long, env = "KUBELET_PLUGINS_DIR", default_value = "/var/lib/kubelet/plugins")]
+    #[arg(
+        long,
+        env = "KUBELET_PLUGINS_DIR",
+        default_value = "/var/lib/kubelet/plugins"
+    )]
     kubelet_plugins_dir: PathBuf,
     /// The kubelet's plugin registration directory.
     #[arg(
@@ -60,7 +64,11 @@ pub struct Args {
     #[arg(long, env = "CONTAINER_DRIVER_ROOT")]
     container_driver_root: Option<String>,
     /// Path of nvidia-cdi-hook on the host (used in the CDI specs).
-    #[arg(long, env = "NVIDIA_CDI_HOOK_PATH", default_value = "/usr/bin/nvidia-cdi-hook")]
+    #[arg(
+        long,
+        env = "NVIDIA_CDI_HOOK_PATH",
+        default_value = "/usr/bin/nvidia-cdi-hook"
+    )]
     nvidia_cdi_hook_path: String,
     /// The driver's MIG capability minors file.
     #[arg(long, env = "MIG_MINORS_FILE", default_value = MIG_MINORS_PATH)]
