@@ -17,7 +17,7 @@ use gpu_stack_k8s::dra::slices::{SliceOwner, node_slices, publish};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
 use crate::chart::template;
@@ -26,6 +26,44 @@ pub use gpu_stack_core::dra::devices::DEFAULT_DRIVER_NAME as DRIVER;
 
 /// The DeviceClass of MIG devices (NVIDIA's name, rendered by the chart).
 pub const MIG_CLASS: &str = "mig.nvidia.com";
+
+/// Applies the chart's DeviceClass `chart_name` under a name of this run,
+/// `<run>.<chart_name>`, and returns that name. DeviceClasses are
+/// cluster-wide: the real-node test installs the chart's own with Helm at
+/// the same time, and Helm refuses to adopt a class another test applied.
+/// Remove it with [`delete_run_class`].
+pub async fn apply_chart_class(client: &Client, chart_name: &str, run: &str) -> Result<String> {
+    let class = chart_device_classes()?
+        .into_iter()
+        .find(|c| c.name_any() == chart_name)
+        .with_context(|| format!("the chart renders no DeviceClass {chart_name}"))?;
+    let name = format!("{run}.{chart_name}");
+    Api::<DeviceClass>::all(client.clone())
+        .patch(
+            &name,
+            &PatchParams::apply("gpu-stack-e2e").force(),
+            &Patch::Apply(&serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": name},
+                "spec": class.spec,
+            })),
+        )
+        .await
+        .with_context(|| format!("applying the chart's DeviceClass {chart_name} as {name}"))?;
+    Ok(name)
+}
+
+/// Deletes a DeviceClass [`apply_chart_class`] made (errors only logged:
+/// it runs in cleanup).
+pub async fn delete_run_class(client: &Client, name: &str) {
+    if let Err(err) = Api::<DeviceClass>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await
+    {
+        eprintln!("cleanup: deleting the DeviceClass {name}: {err}");
+    }
+}
 
 /// The request name in every claim and pod of these tests.
 pub const REQUEST: &str = "mig";
@@ -146,9 +184,9 @@ pub fn chart_device_classes() -> Result<Vec<DeviceClass>> {
     .collect()
 }
 
-/// A claim for `count` MIG devices of `profile`, selected by the attribute
-/// NVIDIA's driver publishes too.
-pub fn mig_claim(name: &str, profile: &str, count: u32) -> Result<ResourceClaim> {
+/// A claim for `count` MIG devices of `profile` from the DeviceClass
+/// `class`, selected by the attribute NVIDIA's driver publishes too.
+pub fn mig_claim(name: &str, class: &str, profile: &str, count: u32) -> Result<ResourceClaim> {
     Ok(serde_json::from_value(serde_json::json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -156,7 +194,7 @@ pub fn mig_claim(name: &str, profile: &str, count: u32) -> Result<ResourceClaim>
         "spec": {"devices": {"requests": [{
             "name": REQUEST,
             "exactly": {
-                "deviceClassName": MIG_CLASS,
+                "deviceClassName": class,
                 "allocationMode": "ExactCount",
                 "count": count,
                 "selectors": [{"cel": {

@@ -16,14 +16,14 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
 use gpu_stack_e2e::dra::{
-    DRIVER, allocated_devices, chart_device_classes, claim_pod, delete_claims, delete_node_slices,
-    mig_claim,
+    DRIVER, MIG_CLASS, allocated_devices, apply_chart_class, claim_pod, delete_claims,
+    delete_node_slices, delete_run_class, mig_claim,
 };
 use gpu_stack_e2e::{E2eError, GpuFleet, TestCluster, unique_suffix, wait_for};
 use gpu_stack_k8s::kubelet::dra::{ClaimRef, DraKubeletStandin};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 const STEP: Duration = Duration::from_secs(120);
@@ -35,6 +35,8 @@ struct Node {
     dir: PathBuf,
     fleet: PathBuf,
     state: PathBuf,
+    /// The run's copy of the chart's MIG DeviceClass.
+    class: String,
 }
 
 fn write_fleet(node: &Node, faults: &str) -> Result<()> {
@@ -113,12 +115,17 @@ async fn allocated_claim(
     client: &Client,
     ns: &str,
     name: &str,
-    node: &str,
+    node: &Node,
 ) -> Result<(ClaimRef, u64)> {
+    let class = &node.class;
+    let node = &node.name;
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     claims
-        .create(&PostParams::default(), &mig_claim(name, "1g.10gb", 1)?)
+        .create(
+            &PostParams::default(),
+            &mig_claim(name, class, "1g.10gb", 1)?,
+        )
         .await?;
     let selector = BTreeMap::from([("kubernetes.io/hostname".to_string(), node.to_string())]);
     let mut pod = claim_pod(name, name, &selector)?;
@@ -176,18 +183,7 @@ async fn the_plugin_binary_prepares_what_the_scheduler_allocated_and_survives_a_
         .create_gpu_nodes(&GpuFleet::new(prefix.clone(), 1).with_gpus(1))
         .await?;
     let ns = cluster.create_namespace(&prefix).await?;
-    let classes: Api<DeviceClass> = Api::all(client.clone());
-    let class = chart_device_classes()?
-        .into_iter()
-        .find(|c| c.name_any() == "mig.nvidia.com")
-        .context("the chart renders no mig.nvidia.com")?;
-    classes
-        .patch(
-            "mig.nvidia.com",
-            &PatchParams::apply("gpu-stack-e2e").force(),
-            &Patch::Apply(serde_json::to_value(&class)?),
-        )
-        .await?;
+    let class = apply_chart_class(&client, MIG_CLASS, &prefix).await?;
     // Short: socket paths under it must fit a unix socket address.
     let dir = std::env::temp_dir().join(&prefix);
     std::fs::create_dir_all(&dir)?;
@@ -196,12 +192,14 @@ async fn the_plugin_binary_prepares_what_the_scheduler_allocated_and_survives_a_
         fleet: dir.join("fleet.yaml"),
         state: dir.join("gpus.json"),
         dir,
+        class,
     };
     let result = scenario(&cluster, &client, &ns, &node).await;
     let _ = delete_claims(&client, &ns).await;
     let _ = cluster.delete_namespace(&ns).await;
     let _ = delete_node_slices(&client, &names).await;
     let _ = cluster.delete_nodes(&names).await;
+    delete_run_class(&client, &node.class).await;
     if result.is_err() {
         for log in ["plugin-1.log", "plugin-2.log", "plugin-3.log"] {
             let text = std::fs::read_to_string(node.dir.join(log)).unwrap_or_default();
@@ -236,7 +234,7 @@ async fn scenario(cluster: &TestCluster, client: &Client, ns: &str, node: &Node)
     );
 
     // The scheduler allocates; the plugin creates exactly that instance.
-    let (claim, start) = allocated_claim(client, ns, "first", &node.name).await?;
+    let (claim, start) = allocated_claim(client, ns, "first", node).await?;
     let out = standin
         .prepare(DRIVER, std::slice::from_ref(&claim))
         .await?;
@@ -283,7 +281,7 @@ async fn scenario(cluster: &TestCluster, client: &Client, ns: &str, node: &Node)
     let _ = std::fs::remove_file(&node.state);
     let mut plugin = start_plugin(cluster, node, "plugin-2.log")?;
     let standin = registered(&node.dir.join("registry")).await?;
-    let (claim, start) = allocated_claim(client, ns, "second", &node.name).await?;
+    let (claim, start) = allocated_claim(client, ns, "second", node).await?;
     let preparing = {
         let claim = claim.clone();
         tokio::spawn(async move { standin.prepare(DRIVER, &[claim]).await })

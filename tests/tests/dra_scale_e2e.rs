@@ -30,14 +30,14 @@ use gpu_stack_core::catalog;
 use gpu_stack_core::dra::devices::GpuDevices;
 use gpu_stack_core::mig::{MigGeometry, PlacedInstance, format_layout, validate};
 use gpu_stack_e2e::dra::{
-    DRIVER, MIG_CLASS, allocated_devices, chart_device_classes, claim_pod, delete_claims,
-    delete_node_slices, devices_of, mig_claim, placement_of, publish_node, quantity_u64,
-    simulated_gpu,
+    DRIVER, MIG_CLASS, allocated_devices, apply_chart_class, claim_pod, delete_claims,
+    delete_node_slices, delete_run_class, devices_of, mig_claim, placement_of, publish_node,
+    quantity_u64, simulated_gpu,
 };
 use gpu_stack_e2e::{E2eError, GpuFleet, TestCluster, unique_suffix, wait_for};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{Counter, DeviceClass, ResourceClaim, ResourceSlice};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::resource::v1::{Counter, ResourceClaim, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 const MODEL: &str = "H100-SXM5-80GB";
@@ -193,8 +193,6 @@ async fn mig_claims_on_100_h100_nodes_get_valid_layouts_or_wait_with_the_schedul
     let run = unique_suffix();
     let prefix = format!("dra-{run}");
     let admin = cluster.client();
-    let classes: Api<DeviceClass> = Api::all(admin.clone());
-    let class_existed = classes.get_opt(MIG_CLASS).await.unwrap().is_some();
     let namespace = cluster.create_namespace("dra-scale").await.unwrap();
 
     let result = scale(&cluster, &prefix, &run, &namespace).await;
@@ -214,9 +212,7 @@ async fn mig_claims_on_100_h100_nodes_get_valid_layouts_or_wait_with_the_schedul
     }
     let _ = cluster.delete_namespace(&namespace).await;
     delete_fleet(&cluster, &prefix).await;
-    if !class_existed {
-        let _ = classes.delete(MIG_CLASS, &DeleteParams::default()).await;
-    }
+    delete_run_class(&admin, &format!("{run}.{MIG_CLASS}")).await;
     result.unwrap();
 }
 
@@ -256,32 +252,18 @@ async fn scale(cluster: &TestCluster, prefix: &str, run: &str, namespace: &str) 
     );
     print_slice_size(&admin, &nodes[0].0).await?;
 
-    // The chart's class, so the test proves its CEL selects these devices.
-    let class = chart_device_classes()?
-        .into_iter()
-        .find(|c| c.name_any() == MIG_CLASS)
-        .ok_or_else(|| anyhow!("the chart renders no DeviceClass {MIG_CLASS}"))?;
-    Api::<DeviceClass>::all(admin.clone())
-        .patch(
-            MIG_CLASS,
-            &PatchParams::apply("gpu-stack-e2e").force(),
-            &Patch::Apply(&serde_json::json!({
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": MIG_CLASS},
-                "spec": class.spec,
-            })),
-        )
-        .await
-        .context("applying the chart's DeviceClass")?;
+    // The chart's class (under this run's name), so the test proves its CEL
+    // selects these devices.
+    let class = apply_chart_class(&admin, MIG_CLASS, run).await?;
 
     let asks = asks();
     let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), namespace);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), namespace);
     for_each(asks.clone(), |ask| {
         let claims = claims.clone();
+        let class = class.clone();
         async move {
-            let claim = mig_claim(&ask.claim, ask.profile, ask.count)?;
+            let claim = mig_claim(&ask.claim, &class, ask.profile, ask.count)?;
             claims.create(&PostParams::default(), &claim).await?;
             Ok(())
         }
