@@ -404,106 +404,134 @@ fn toolkit_socket(spec: &ClusterPolicySpec) -> String {
 /// out of a driver pool.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
-fn gate_container(ctx: &RenderContext, gate: Gate) -> Container {
+/// The init containers of a component's gates, in order. Consecutive
+/// checks run as one container (`gpu-stack validator --component
+/// driver,toolkit,...` runs them in that order, writing each status file as
+/// its check passes), so the validator pod has one init container where
+/// NVIDIA's has four: the node contract (status files and their order) is the
+/// same, and each container costs the control plane about 1.5 KB per pod.
+fn gate_containers(ctx: &RenderContext, gates: &[Gate]) -> Vec<Container> {
+    let mut out = Vec::new();
+    let mut checks: Vec<Gate> = Vec::new();
+    for gate in gates {
+        if gate.validator_component().is_some() {
+            checks.push(*gate);
+            continue;
+        }
+        if !checks.is_empty() {
+            out.push(check_container(ctx, &std::mem::take(&mut checks)));
+        }
+        out.push(wait_container(ctx, *gate));
+    }
+    if !checks.is_empty() {
+        out.push(check_container(ctx, &checks));
+    }
+    out
+}
+
+/// One init container running the validator's checks of `gates` in order:
+/// named `<gate>-validation` for one check, `<a>-<b>-...-validation` for several.
+fn check_container(ctx: &RenderContext, gates: &[Gate]) -> Container {
     let validator = ctx.spec().image_settings(Component::OperatorValidator);
-    let mut c = Container {
+    let components: Vec<&str> = gates
+        .iter()
+        .filter_map(|g| g.validator_component())
+        .collect();
+    let has = |gate: Gate| gates.contains(&gate);
+    let mut mounts = vec![mount(
+        VALIDATIONS_VOLUME,
+        VALIDATIONS_DIR,
+        false,
+        Some("Bidirectional"),
+    )];
+    if has(Gate::DriverValidation) {
+        mounts.push(mount(
+            DRIVER_ROOT_VOLUME,
+            "/run/nvidia/driver",
+            false,
+            Some("HostToContainer"),
+        ));
+    }
+    // The image's entrypoint is `gpu-stack`; the checks are its `validator`
+    // subcommand, told what to check by flags rather than NVIDIA's COMPONENT
+    // and WITH_WAIT variables (a flag is a few bytes of one `args` field).
+    let mut args: Vec<String> = vec![
+        "validator".into(),
+        "--component".into(),
+        components.join(","),
+        "--wait".into(),
+    ];
+    let toolkit = has(Gate::ToolkitValidation);
+    if toolkit && ctx.spec().enablement().toolkit && ctx.spec().toolkit_is_gpu_stack() {
+        // gpu-stack's agent: check the CDI spec it wrote and the runtime's
+        // effective configuration, through the host root.
+        args.extend([
+            "--host-root".into(),
+            "/host".into(),
+            "--toolkit-cri-socket".into(),
+            toolkit_socket(ctx.spec()),
+            "--toolkit-cdi-spec".into(),
+            format!("/var/run/cdi/{}", crate::deviceplugin::cdi::SPEC_FILE),
+            "--toolkit-runtime-class".into(),
+            ctx.spec().runtime_class(),
+        ]);
+    }
+    if toolkit && !ctx.spec().enablement().toolkit {
+        // No toolkit DaemonSet: the toolkit is pre-installed, or the runtime
+        // injects devices through CDI by itself (containerd 1.7+, CRI-O).
+        // Either leaves a trace on the host, seen through the host root.
+        for trace in PREINSTALLED_TOOLKIT_TRACES {
+            args.push("--toolkit-evidence".into());
+            args.push(format!("/host{trace}"));
+        }
+    }
+    let toolkit_on_host =
+        toolkit && (!ctx.spec().enablement().toolkit || ctx.spec().toolkit_is_gpu_stack());
+    if has(Gate::DriverValidation) || toolkit_on_host {
+        mounts.push(mount(
+            HOST_ROOT_VOLUME,
+            "/host",
+            true,
+            Some("HostToContainer"),
+        ));
+    }
+    let mut vars = vec![node_name_env()];
+    // `validator.env` reaches every check, as NVIDIA's does (the checks read
+    // the GPUs, so the backend settings live there).
+    with_user_env(&mut vars, ctx.spec(), Component::OperatorValidator);
+    Container {
+        name: format!("{}-validation", components.join("-")),
+        image: Some(validator.image),
+        image_pull_policy: Some(validator.pull_policy),
+        args: Some(args),
+        env: Some(vars),
+        volume_mounts: Some(mounts),
+        security_context: privileged(),
+        ..Default::default()
+    }
+}
+
+/// A wait-only gate: it reads the status files the privileged validator
+/// writes. An unprivileged container may not use Bidirectional propagation,
+/// so it sees the host directory read-only with HostToContainer propagation
+/// (as NVIDIA's toolkit-validation does). The image has no shell: the wait
+/// is the validator's own `--wait-only` mode, which needs no GPU, API access
+/// or privileges.
+fn wait_container(ctx: &RenderContext, gate: Gate) -> Container {
+    let validator = ctx.spec().image_settings(Component::OperatorValidator);
+    Container {
         name: gate.container_name().into(),
         image: Some(validator.image),
         image_pull_policy: Some(validator.pull_policy),
+        args: Some(wait_only_args(gate.status_component(), "never")),
         volume_mounts: Some(vec![mount(
             VALIDATIONS_VOLUME,
             VALIDATIONS_DIR,
-            false,
-            Some("Bidirectional"),
+            true,
+            Some("HostToContainer"),
         )]),
-        security_context: privileged(),
         ..Default::default()
-    };
-    match gate.validator_component() {
-        Some(component) => {
-            // The image's entrypoint is `gpu-stack`; the check is its `validator` subcommand.
-            c.args = Some(vec!["validator".into()]);
-            let mut vars = vec![
-                env("COMPONENT", component),
-                env("WITH_WAIT", "true"),
-                env("WITH_WORKLOAD", "false"),
-                env("MIG_STRATEGY", ctx.spec().mig_strategy()),
-                node_name_env(),
-            ];
-            // `validator.env` reaches every check, as NVIDIA's does (the
-            // checks read the GPUs, so the backend settings live there).
-            with_user_env(&mut vars, ctx.spec(), Component::OperatorValidator);
-            c.env = Some(vars);
-            if gate == Gate::DriverValidation {
-                c.volume_mounts.get_or_insert_with(Vec::new).extend([
-                    mount(
-                        DRIVER_ROOT_VOLUME,
-                        "/run/nvidia/driver",
-                        false,
-                        Some("HostToContainer"),
-                    ),
-                    mount(HOST_ROOT_VOLUME, "/host", true, Some("HostToContainer")),
-                ]);
-            }
-            if gate == Gate::ToolkitValidation
-                && ctx.spec().enablement().toolkit
-                && ctx.spec().toolkit_is_gpu_stack()
-            {
-                // gpu-stack's agent: check the CDI spec it wrote and the
-                // runtime's effective configuration, through the host root.
-                c.volume_mounts.get_or_insert_with(Vec::new).push(mount(
-                    HOST_ROOT_VOLUME,
-                    "/host",
-                    true,
-                    Some("HostToContainer"),
-                ));
-                c.args.get_or_insert_with(Vec::new).extend([
-                    "--host-root".into(),
-                    "/host".into(),
-                    "--toolkit-cri-socket".into(),
-                    toolkit_socket(ctx.spec()),
-                    "--toolkit-cdi-spec".into(),
-                    format!("/var/run/cdi/{}", crate::deviceplugin::cdi::SPEC_FILE),
-                    "--toolkit-runtime-class".into(),
-                    ctx.spec().runtime_class(),
-                ]);
-            }
-            if gate == Gate::ToolkitValidation && !ctx.spec().enablement().toolkit {
-                // No toolkit DaemonSet: the toolkit is pre-installed, or the
-                // runtime injects devices through CDI by itself (containerd
-                // 1.7+, CRI-O). Either leaves a trace on the host, seen
-                // through the host root.
-                c.volume_mounts.get_or_insert_with(Vec::new).push(mount(
-                    HOST_ROOT_VOLUME,
-                    "/host",
-                    true,
-                    Some("HostToContainer"),
-                ));
-                let args = c.args.get_or_insert_with(Vec::new);
-                for trace in PREINSTALLED_TOOLKIT_TRACES {
-                    args.push("--toolkit-evidence".into());
-                    args.push(format!("/host{trace}"));
-                }
-            }
-        }
-        None => {
-            // Wait-only gates read the status files the privileged validator
-            // writes; an unprivileged container may not use Bidirectional
-            // propagation, so they see the host directory read-only with
-            // HostToContainer propagation (as NVIDIA's toolkit-validation does).
-            // The image has no shell: the wait is the validator's own
-            // `--wait-only` mode, which needs no GPU, API access or privileges.
-            c.args = Some(wait_only_args(gate.status_component(), "never"));
-            c.security_context = None;
-            c.volume_mounts = Some(vec![mount(
-                VALIDATIONS_VOLUME,
-                VALIDATIONS_DIR,
-                true,
-                Some("HostToContainer"),
-            )]);
-        }
     }
-    c
 }
 
 /// Arguments of `gpu-stack validator --wait-only` for the status files of
@@ -856,6 +884,18 @@ fn volumes(ctx: &RenderContext, c: Component) -> (Vec<Volume>, Vec<VolumeMount>)
             ));
         }
     }
+    if matches!(
+        c,
+        Component::DevicePlugin
+            | Component::GpuFeatureDiscovery
+            | Component::DcgmExporter
+            | Component::MigManager
+            | Component::DraPlugin
+    ) {
+        // These agents read no status file (their init containers wait for
+        // them); the mount would only weigh on every pod.
+        mounts.retain(|m| m.name != VALIDATIONS_VOLUME);
+    }
     (vols, mounts)
 }
 
@@ -912,8 +952,8 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
             });
         }
     }
-    let (vols, mounts) = volumes(ctx, c);
-    let mut init: Vec<Container> = c.gates().iter().map(|g| gate_container(ctx, *g)).collect();
+    let (mut vols, mounts) = volumes(ctx, c);
+    let mut init = gate_containers(ctx, c.gates());
     let mut main = Container {
         name: c
             .daemonset_name()
@@ -1071,6 +1111,13 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
         }
         _ => {}
     }
+    // Every pod carries its volumes: keep only those a container mounts.
+    vols.retain(|v| {
+        init.iter()
+            .chain(std::iter::once(&main))
+            .flat_map(|c| c.volume_mounts.iter().flatten())
+            .any(|m| m.name == v.name)
+    });
     // Operands other than the driver and the toolkit run through the NVIDIA runtime.
     let runtime_class = (!matches!(c, Component::Driver | Component::ContainerToolkit))
         .then(|| spec.runtime_class());

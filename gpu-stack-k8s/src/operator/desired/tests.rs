@@ -337,8 +337,8 @@ fn toolkit_check_looks_at_host_traces_only_without_a_toolkit_daemonset() {
             .clone()
             .unwrap_or_default()
             .into_iter()
-            .find(|c| c.name == "toolkit-validation")
-            .expect("a toolkit-validation init container")
+            .find(|c| c.name == VALIDATOR_CHECKS)
+            .expect("the validator's check container")
     };
     let preinstalled = check_of(serde_json::json!({"toolkit": {"enabled": false}}));
     let args = preinstalled.args.clone().unwrap_or_default();
@@ -443,8 +443,8 @@ fn a_gpu_stack_toolkit_image_runs_the_cdi_native_agent() {
         .clone()
         .unwrap_or_default()
         .into_iter()
-        .find(|c| c.name == "toolkit-validation")
-        .expect("a toolkit-validation init container");
+        .find(|c| c.name == VALIDATOR_CHECKS)
+        .expect("the validator's check container");
     let args = check.args.unwrap_or_default();
     assert!(
         args.windows(2).any(|w| w
@@ -626,6 +626,110 @@ fn daemonset_named<'a>(d: &'a Desired, name: &str) -> Option<&'a Object> {
         .find(|o| o.as_daemonset().is_some() && o.key().name == name)
 }
 
+/// The validator pod's one init container: its four checks in order.
+const VALIDATOR_CHECKS: &str = "driver-toolkit-cuda-plugin-validation";
+
+#[test]
+fn the_validator_runs_its_checks_in_one_init_container_in_order() {
+    let policy = policy_with(serde_json::json!({}));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::OperatorValidator, None);
+    let init = pod_of(&ds).init_containers.clone().unwrap_or_default();
+    let names: Vec<&str> = init.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, [VALIDATOR_CHECKS]);
+    let args = init[0].args.clone().unwrap_or_default();
+    assert_eq!(
+        args[..4],
+        strings(&[
+            "validator",
+            "--component",
+            "driver,toolkit,cuda,plugin",
+            "--wait"
+        ])
+    );
+    // The driver check's Bidirectional status mount, and the driver and host roots.
+    let mounts: Vec<(&str, Option<&str>)> = init[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| (m.mount_path.as_str(), m.mount_propagation.as_deref()))
+        .collect();
+    assert!(
+        mounts.contains(&(
+            gpu_stack_core::operator::components::VALIDATIONS_DIR,
+            Some("Bidirectional")
+        )),
+        "{mounts:?}"
+    );
+    assert!(
+        mounts.iter().any(|m| m.0 == "/run/nvidia/driver"),
+        "{mounts:?}"
+    );
+    assert!(mounts.iter().any(|m| m.0 == "/host"), "{mounts:?}");
+    assert_eq!(
+        init[0].security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    // NVIDIA's unused WITH_WORKLOAD and MIG_STRATEGY stay out; the node name is in.
+    let env: Vec<&str> = init[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(env, ["NODE_NAME"]);
+    // The MIG manager's check and wait stay two containers (a check, then a wait).
+    let mig = render::daemonset(&ctx, Component::MigManager, None);
+    let names: Vec<String> = pod_of(&mig)
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(names, strings(&["driver-validation", "toolkit-validation"]));
+}
+
+#[test]
+fn every_volume_of_every_operand_is_mounted_by_a_container() {
+    let policy = policy_with(serde_json::json!({
+        "driver": {"enabled": true},
+        "nodeStatusExporter": {"enabled": true},
+        "draDriver": {"enabled": true}
+    }));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    for c in Component::ALL {
+        let ds = render::daemonset(&ctx, c, None);
+        let pod = pod_of(&ds);
+        let mounted: Vec<&str> = pod
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&pod.containers)
+            .flat_map(|c| c.volume_mounts.iter().flatten())
+            .map(|m| m.name.as_str())
+            .collect();
+        for v in pod.volumes.iter().flatten() {
+            assert!(
+                mounted.contains(&v.name.as_str()),
+                "{c}: {} unmounted",
+                v.name
+            );
+        }
+        for m in &mounted {
+            assert!(
+                pod.volumes.iter().flatten().any(|v| v.name == *m),
+                "{c}: mount of a missing volume {m}"
+            );
+        }
+    }
+}
+
 const DRA_DS: &str = "nvidia-dra-driver-gpu-kubelet-plugin";
 
 #[test]
@@ -762,19 +866,17 @@ fn dra_driver_renders_its_kubelet_plugin_instead_of_the_mig_manager() {
         ),
         ("/var/run/cdi", ("/var/run/cdi", None)),
         (
-            gpu_stack_core::operator::components::VALIDATIONS_DIR,
-            (
-                gpu_stack_core::operator::components::VALIDATIONS_DIR,
-                Some("HostToContainer"),
-            ),
-        ),
-        (
             "/driver-root",
             ("/run/nvidia/driver", Some("HostToContainer")),
         ),
     ] {
         assert_eq!(mounts.get(path), Some(&want), "{path}: {mounts:?}");
     }
+    // Its init container waits for the status files; the plugin reads none.
+    assert!(
+        !mounts.contains_key(gpu_stack_core::operator::components::VALIDATIONS_DIR),
+        "{mounts:?}"
+    );
 
     // Its role: its Node, its ResourceSlices, the claims it prepares.
     let role = d
