@@ -625,6 +625,108 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// Bytes of the pods in `namespace` as the API server returns them (each
+/// object's compact JSON), in total and by `app` label, and split into
+/// metadata.managedFields, the rest of metadata, spec and status.
+#[derive(Debug, Default)]
+struct PodBytes {
+    pods: usize,
+    total: usize,
+    by_app: BTreeMap<String, (usize, usize)>,
+    managed_fields: usize,
+    metadata: usize,
+    spec: usize,
+    status: usize,
+}
+
+async fn pod_bytes(client: &Client, namespace: &str) -> Result<PodBytes> {
+    let mut out = PodBytes::default();
+    let mut next: Option<String> = None;
+    loop {
+        let mut url = format!("/api/v1/namespaces/{namespace}/pods?limit=500");
+        if let Some(token) = &next {
+            url.push_str(&format!("&continue={token}"));
+        }
+        let request = http::Request::get(url).body(Vec::new())?;
+        let page: serde_json::Value = client.request(request).await?;
+        for mut pod in page["items"].as_array().cloned().unwrap_or_default() {
+            let size = serde_json::to_vec(&pod)?.len();
+            let app = pod["metadata"]["labels"]["app"]
+                .as_str()
+                .unwrap_or("-")
+                .to_string();
+            // GPU_STACK_BENCH_DUMP_DIR: one pod of each app, as served, to read.
+            if let Ok(dir) = std::env::var("GPU_STACK_BENCH_DUMP_DIR")
+                && !out.by_app.contains_key(&app)
+            {
+                std::fs::write(
+                    Path::new(&dir).join(format!("{app}.json")),
+                    serde_json::to_vec_pretty(&pod)?,
+                )?;
+            }
+            let entry = out.by_app.entry(app).or_default();
+            entry.0 += 1;
+            entry.1 += size;
+            out.pods += 1;
+            out.total += size;
+            let part = |v: &serde_json::Value| serde_json::to_vec(v).map(|b| b.len());
+            out.managed_fields += part(&pod["metadata"]["managedFields"])?;
+            if let Some(meta) = pod["metadata"].as_object_mut() {
+                meta.remove("managedFields");
+            }
+            out.metadata += part(&pod["metadata"])?;
+            out.spec += part(&pod["spec"])?;
+            out.status += part(&pod["status"])?;
+        }
+        next = page["metadata"]["continue"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .map(str::to_string);
+        if next.is_none() {
+            return Ok(out);
+        }
+    }
+}
+
+/// CPU time (user + system, seconds) used so far by the test control plane's
+/// processes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+/// (kwok, the nodes' stand-in, reported apart), read from the pid files the
+/// cluster keeps beside its kubeconfig.
+fn control_plane_cpu_seconds(kubeconfig: &Path) -> (f64, f64) {
+    let pids = kubeconfig.parent().map(|d| d.join("pids"));
+    // Clock ticks per second: 100 on every Linux this runs on (USER_HZ).
+    let ticks = |name: &str| -> f64 {
+        let Some(dir) = &pids else { return 0.0 };
+        let Ok(pid) = std::fs::read_to_string(dir.join(format!("{name}.pid"))) else {
+            return 0.0;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) else {
+            return 0.0;
+        };
+        // Fields after the command name (which may hold spaces): utime is
+        // the 14th field of the line, stime the 15th.
+        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let field = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        (field(11) + field(12)) / 100.0
+    };
+    let control_plane = [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ]
+    .iter()
+    .map(|n| ticks(n))
+    .sum();
+    (control_plane, ticks("kwok"))
+}
+
 /// Sum of every sample of `name` (all label sets) from a replica's /metrics.
 async fn metric_sum(replica: &Replica, name: &str) -> f64 {
     metrics_page(replica)
@@ -876,7 +978,12 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     // DaemonSets as the policy runs on the nodes, selecting the same nodes,
     // timed to the same end (every DaemonSet reporting a ready pod on every
     // node); once with plain pods, once with the operator's own pods.
-    let spec = serde_json::json!({"driver": {"enabled": true}});
+    // GPU_STACK_BENCH_POLICY: the ClusterPolicy spec to roll out, as JSON.
+    let spec: serde_json::Value = match std::env::var("GPU_STACK_BENCH_POLICY") {
+        Ok(json) => serde_json::from_str(&json).context("GPU_STACK_BENCH_POLICY is not JSON")?,
+        Err(_) => serde_json::json!({"driver": {"enabled": true}}),
+    };
+    println!("bench: policy spec {spec}");
     let operands = operand_daemonsets(&spec, &GpuFleet::new(format!("{prefix}-n"), count))?;
     let n = operands.len();
     let plain_before = floor(&cluster, FloorPods::Plain, &operands, count).await?;
@@ -893,8 +1000,9 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         Ok((metric(&op, "gpu_stack_operator_leader").await == Some(1.0)).then_some(()))
     })
     .await?;
+    let (cpu_before, kwok_before) = control_plane_cpu_seconds(cluster.kubeconfig());
     let t = std::time::Instant::now();
-    apply_policy(&admin, "cluster-policy", spec).await?;
+    apply_policy(&admin, "cluster-policy", spec.clone()).await?;
     wait_for("ClusterPolicy ready", Duration::from_secs(900), || async {
         Ok(policy_state(&admin, "cluster-policy")
             .await?
@@ -915,9 +1023,30 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     )
     .await?;
     let pods = t.elapsed().as_secs_f64();
+    let (cpu_after, kwok_after) = control_plane_cpu_seconds(cluster.kubeconfig());
     println!(
         "bench: operator ClusterPolicy -> status ready: {ready:.1}s; -> device-plugin Running on {count} nodes: {pods:.1}s"
     );
+    println!(
+        "bench: control-plane CPU during the rollout: {:.1} CPU-s (etcd, kube-apiserver, kube-controller-manager, kube-scheduler); kwok {:.1} CPU-s",
+        cpu_after - cpu_before,
+        kwok_after - kwok_before
+    );
+    let bytes = pod_bytes(&admin, &namespace).await?;
+    println!(
+        "bench: operand pods as stored: {} pods, {} bytes of JSON ({} per GPU node, {} per pod); managedFields {}, other metadata {}, spec {}, status {}",
+        bytes.pods,
+        bytes.total,
+        bytes.total / count.max(1),
+        bytes.total / bytes.pods.max(1),
+        bytes.managed_fields,
+        bytes.metadata,
+        bytes.spec,
+        bytes.status
+    );
+    for (app, (n, b)) in &bytes.by_app {
+        println!("bench:   {app}: {n} pods, {} bytes each", b / n.max(&1));
+    }
     let requests = metric_sum(&op, "gpu_stack_operator_api_requests_total").await;
     let writes = writes_by_resource(&op).await;
     let passes = metric_sum(&op, "gpu_operator_reconciliation_total").await;
