@@ -665,6 +665,14 @@ fn with_user_env(out: &mut Vec<EnvVar>, spec: &ClusterPolicySpec, c: Component) 
     }
 }
 
+/// Whether a component's `env` from the policy names a path in the
+/// validations directory.
+fn user_env_names_validations_dir(spec: &ClusterPolicySpec, c: Component) -> bool {
+    let prefix = format!("{VALIDATIONS_DIR}/");
+    spec.component(c)
+        .is_some_and(|cs| cs.env.iter().any(|e| e.value.starts_with(&prefix)))
+}
+
 /// Adds the user's `env` to `out`, each replacing a variable of its name.
 fn merge_env(out: &mut Vec<EnvVar>, user: &[crate::clusterpolicy::EnvVar]) {
     for e in user {
@@ -891,9 +899,12 @@ fn volumes(ctx: &RenderContext, c: Component) -> (Vec<Volume>, Vec<VolumeMount>)
             | Component::DcgmExporter
             | Component::MigManager
             | Component::DraPlugin
-    ) {
+    ) && !user_env_names_validations_dir(spec, c)
+    {
         // These agents read no status file (their init containers wait for
-        // them); the mount would only weigh on every pod.
+        // them); the mount would only weigh on every pod. It stays when the
+        // user's env points the agent at a file there (a simulated GPU
+        // host's fleet and state files, shared by every operand).
         mounts.retain(|m| m.name != VALIDATIONS_VOLUME);
     }
     (vols, mounts)

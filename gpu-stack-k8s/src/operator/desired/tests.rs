@@ -730,6 +730,37 @@ fn every_volume_of_every_operand_is_mounted_by_a_container() {
     }
 }
 
+#[test]
+fn an_agent_mounts_the_validations_dir_only_when_its_env_names_a_file_there() {
+    let main_mounts = |policy: &ClusterPolicy| -> Vec<String> {
+        let ctx = render::RenderContext {
+            policy,
+            namespace: "gpu-operator",
+        };
+        let ds = render::daemonset(&ctx, Component::DevicePlugin, None);
+        pod_of(&ds).containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.clone())
+            .collect()
+    };
+    let plain = policy_with(serde_json::json!({}));
+    assert!(
+        !main_mounts(&plain)
+            .iter()
+            .any(|p| p == gpu_stack_core::operator::components::VALIDATIONS_DIR)
+    );
+    let simulated = policy_with(serde_json::json!({"devicePlugin": {"env": [
+        {"name": "GPU_STACK_FLEET", "value": "/run/nvidia/validations/sim/fleet.yaml"}
+    ]}}));
+    assert!(
+        main_mounts(&simulated)
+            .iter()
+            .any(|p| p == gpu_stack_core::operator::components::VALIDATIONS_DIR)
+    );
+}
+
 const DRA_DS: &str = "nvidia-dra-driver-gpu-kubelet-plugin";
 
 #[test]
