@@ -12,6 +12,8 @@
 //!   what the operator and the node agents decide.
 //! - [`yaml_guard`]: a linear check of nesting depth and size that every YAML
 //!   input passes before it is parsed, and the parser options it is read with.
+//! - [`nodeagent`]: which components the combined node agent runs, from the
+//!   node's deploy labels, and its command line.
 //! - [`nodediscovery`]: the NFD-compatible node labels the node-discovery agent
 //!   writes where NFD is not installed, and when it writes them.
 //! - [`toolkit`]: the container-runtime edits of the CDI-native toolkit agent
@@ -47,6 +49,7 @@ pub mod metrics;
 pub mod mig;
 pub mod migmanager;
 pub mod migparted;
+pub mod nodeagent;
 pub mod nodediscovery;
 pub mod operator;
 pub mod toolkit;

@@ -86,6 +86,11 @@ impl AgentProcess {
         }
     }
 
+    /// Where its stderr goes.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
     /// The last 30 lines of the log, for failure messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Parser;
 use gpu_stack_core::deviceplugin::Overrides;
-use gpu_stack_k8s::deviceplugin::run::{RunOptions, UnixSignals, run};
+use gpu_stack_k8s::deviceplugin::run::{RunOptions, SignalSource, UnixSignals, run};
 use gpu_stack_k8s::kubelet::deviceplugin::DEFAULT_KUBELET_DIR;
 
 use crate::agent::{LogFormat, init_logging, run_main};
@@ -139,11 +139,11 @@ pub fn main(args: Args) -> ExitCode {
 
 /// Serves the node's devices to the kubelet until SIGTERM.
 pub async fn serve(args: Args) -> Result<()> {
-    run(
-        &args.options(),
-        || args.backend.build(),
-        UnixSignals::new()?,
-    )
-    .await?;
+    serve_until(args, UnixSignals::new()?).await
+}
+
+/// Serves the node's devices to the kubelet until `signals` says to stop.
+pub async fn serve_until(args: Args, signals: impl SignalSource) -> Result<()> {
+    run(&args.options(), || args.backend.build(), signals).await?;
     Ok(())
 }

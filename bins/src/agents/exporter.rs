@@ -120,6 +120,15 @@ fn hostname(args: &Args) -> Option<String> {
 /// counters file, 3 when the listen address cannot be bound, 4 when the GPUs
 /// cannot be listed.
 pub async fn run(args: Args, started: Instant) -> Result<(), Failure> {
+    run_until(args, started, shutdown_signal()).await
+}
+
+/// [`run`], until `stop` resolves instead of SIGTERM.
+pub async fn run_until(
+    args: Args,
+    started: Instant,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Failure> {
     let counters = counters(&args)?;
     let addr = exporter::parse_listen(&args.listen).map_err(exit_code(2))?;
     // Bind first: a port in use is reported before anything else starts.
@@ -153,7 +162,7 @@ pub async fn run(args: Args, started: Instant) -> Result<(), Failure> {
         startup_ms = started.elapsed().as_secs_f64() * 1000.0,
         "serving /metrics and /health"
     );
-    exporter::serve(listener, &exp, shutdown_signal())
+    exporter::serve(listener, &exp, stop)
         .await
         .context("HTTP server failed")
         .map_err(exit_code(1))?;

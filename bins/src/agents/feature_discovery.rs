@@ -96,13 +96,12 @@ pub fn main(args: Args) -> ExitCode {
 
 /// Labels once (`--oneshot`) or until SIGTERM.
 pub async fn label(args: Args) -> Result<()> {
+    label_until(args, gfd::termination()?).await
+}
+
+/// Labels once (`--oneshot`) or until `stop` resolves.
+pub async fn label_until(args: Args, stop: impl Future<Output = ()>) -> Result<()> {
     let connect = kube_client(args.kubeconfig.as_deref());
-    gfd::run(
-        &args.options(),
-        || args.backend.build(),
-        connect,
-        gfd::termination()?,
-    )
-    .await?;
+    gfd::run(&args.options(), || args.backend.build(), connect, stop).await?;
     Ok(())
 }

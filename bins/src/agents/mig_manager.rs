@@ -13,6 +13,7 @@ use gpu_stack_k8s::migmanager::ManagerOptions;
 use gpu_stack_k8s::migmanager::agent::{
     AgentOptions, DEFAULT_REBOOT_HOOK_TIMEOUT, load_config, run,
 };
+use gpu_stack_k8s::migmanager::kube_node::LocalClients;
 
 use crate::agent::{LogFormat, init_logging, kube_client, run_main, shutdown_signal};
 use crate::backend_flags::BackendArgs;
@@ -83,6 +84,16 @@ pub fn main(args: Args) -> ExitCode {
 
 /// Applies MIG configs as the node's label asks until SIGTERM.
 pub async fn manage(args: Args) -> Result<()> {
+    manage_until(args, shutdown_signal(), None).await
+}
+
+/// [`manage`] until `stop` resolves; with `local_clients`, the GPU clients
+/// of this process are waited for as client pods are.
+pub async fn manage_until(
+    args: Args,
+    stop: impl Future<Output = ()>,
+    local_clients: Option<LocalClients>,
+) -> Result<()> {
     // Fail early, before touching the cluster, on a bad file.
     load_config(&args.config_file)?;
     let mut backend_args = args.backend.clone();
@@ -107,8 +118,9 @@ pub async fn manage(args: Args) -> Result<()> {
         reboot_hook_timeout: Duration::from_secs(args.reboot_hook_timeout_seconds.max(1)),
         instance: args.pod_name,
         publish_usage: !args.no_publish_usage,
+        local_clients,
     };
-    run(client, backend, options, shutdown_signal())
+    run(client, backend, options, stop)
         .await
         .context("gpu-mig-manager stopped")?;
     tracing::info!("shut down cleanly");

@@ -6,4 +6,5 @@ pub mod dra_plugin;
 pub mod exporter;
 pub mod feature_discovery;
 pub mod mig_manager;
+pub mod node_agent;
 pub mod operator;

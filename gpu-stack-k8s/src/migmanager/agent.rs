@@ -31,7 +31,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
-use super::kube_node::KubeNode;
+use super::kube_node::{KubeNode, LocalClients};
 use super::usage::{MIG_USAGE_ANNOTATION, requested_on_node, usage_of};
 use super::{
     GpuWorker, ManagerError, ManagerOptions, NodeApi, NodePatch, PassResult, reconcile_on,
@@ -64,6 +64,9 @@ pub struct AgentOptions {
     /// [`MIG_USAGE_ANNOTATION`] for demand-driven MIG (watches the pods
     /// bound to this node).
     pub publish_usage: bool,
+    /// GPU clients in this process to wait for besides pods (set by the
+    /// combined node agent).
+    pub local_clients: Option<LocalClients>,
 }
 
 /// Why the manager process stopped.
@@ -243,7 +246,10 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     let node_name = opts.manager.node.clone();
     let mut config = ConfigWatch::new(opts.config_file.clone(), load_config(&opts.config_file)?);
-    let api = KubeNode::new(client.clone(), opts.instance.clone());
+    let mut api = KubeNode::new(client.clone(), opts.instance.clone());
+    if let Some(local) = opts.local_clients.clone() {
+        api = api.with_local_clients(local);
+    }
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
     let watch_cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
     let mut changes = watcher(nodes, watch_cfg)

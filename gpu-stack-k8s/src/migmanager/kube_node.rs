@@ -37,7 +37,12 @@ pub struct KubeNode {
     nodes: Api<Node>,
     pods: Api<Pod>,
     recorder: Recorder,
+    local_clients: Option<LocalClients>,
 }
+
+/// The `app` names of GPU clients running in this process (the combined
+/// node agent's components), current until each has fully stopped.
+pub type LocalClients = tokio::sync::watch::Receiver<std::collections::BTreeSet<&'static str>>;
 
 impl KubeNode {
     /// A node API over `client`; `instance` names this replica in Events
@@ -51,7 +56,15 @@ impl KubeNode {
             nodes: Api::all(client.clone()),
             pods: Api::all(client.clone()),
             recorder: Recorder::new(client, reporter),
+            local_clients: None,
         }
+    }
+
+    /// Also waits for the GPU clients of this process to stop: while one of
+    /// the paused apps still runs here, it counts as a pod on the node.
+    pub fn with_local_clients(mut self, local: LocalClients) -> Self {
+        self.local_clients = Some(local);
+        self
     }
 
     /// Publishes the end of a pass as an Event regarding the node: `Warning
@@ -248,6 +261,15 @@ impl NodeApi for KubeNode {
                 format!("{ns}/{name}")
             })
             .collect();
+        if let Some(local) = &self.local_clients {
+            names.extend(
+                local
+                    .borrow()
+                    .iter()
+                    .filter(|app| apps.contains(app))
+                    .map(|app| format!("{app} (in this node agent)")),
+            );
+        }
         names.sort();
         Ok(names)
     }

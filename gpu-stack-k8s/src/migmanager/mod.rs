@@ -420,6 +420,7 @@ async fn reconcile_with<A: NodeApi, G: PassGpu>(
         tokio::time::sleep(opts.poll).await;
     }
 
+    tracing::info!(node = %opts.node, config = %selected, "GPU clients gone; applying the config");
     let options = ApplyOptions {
         force: opts.force,
         reset_gpus: opts.reset_gpus,

@@ -1,0 +1,300 @@
+//! The `gpu-node-agent` binary against the real test control plane: one
+//! kwok GPU node of 2 simulated H100s, and the device plugin (serving its
+//! sockets without a kubelet), GFD, the exporter and the MIG manager in one
+//! process. Each component must run exactly while its deploy label is
+//! `true`, and the hosted MIG manager must wait for the in-process stop of
+//! the clients it pauses before it changes the GPUs.
+use std::collections::BTreeMap;
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
+use gpu_stack_e2e::migmanager::{MigFiles, mig_assert, write_mig_files};
+use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+
+const LONG: Duration = Duration::from_secs(90);
+const DEPLOY_DP: &str = "nvidia.com/gpu.deploy.device-plugin";
+const DEPLOY_GFD: &str = "nvidia.com/gpu.deploy.gpu-feature-discovery";
+const DEPLOY_EXPORTER: &str = "nvidia.com/gpu.deploy.dcgm-exporter";
+const DEPLOY_MIG: &str = "nvidia.com/gpu.deploy.mig-manager";
+const GFD_PRODUCT: &str = "nvidia.com/gpu.product";
+const DP_SOCKET: &str = "nvidia-gpu.sock";
+
+fn start_node_agent(
+    cluster: &TestCluster,
+    node: &str,
+    files: &MigFiles,
+    port: u16,
+) -> Result<AgentProcess> {
+    let log = files.dir.join("node-agent.log");
+    let kubelet_dir = files.dir.join("device-plugins");
+    std::fs::create_dir_all(&kubelet_dir)?;
+    let kubeconfig = cluster.kubeconfig().display().to_string();
+    let backend = |args: &mut Vec<String>| {
+        args.extend([
+            "--backend".into(),
+            "simulated".into(),
+            "--fleet".into(),
+            files.fleet.display().to_string(),
+            "--sim-state".into(),
+            files.state.display().to_string(),
+            "--node".into(),
+            node.to_string(),
+        ]);
+    };
+    let mut args: Vec<String> = vec![
+        "--node-name".into(),
+        node.into(),
+        "--kubeconfig".into(),
+        kubeconfig.clone(),
+        "--".into(),
+        "gpu-device-plugin".into(),
+        "--no-register".into(),
+        "--kubelet-dir".into(),
+        kubelet_dir.display().to_string(),
+        "--mig-strategy".into(),
+        "mixed".into(),
+        "--rescan-interval-seconds".into(),
+        "1".into(),
+    ];
+    backend(&mut args);
+    args.extend([
+        "--".into(),
+        "gpu-feature-discovery".into(),
+        "--publish".into(),
+        "--kubeconfig".into(),
+        kubeconfig.clone(),
+        "--mig-strategy".into(),
+        "mixed".into(),
+        "--sleep-interval".into(),
+        "1s".into(),
+    ]);
+    backend(&mut args);
+    args.extend([
+        "--".into(),
+        "gpu-exporter".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--no-pod-attribution".into(),
+    ]);
+    backend(&mut args);
+    args.extend([
+        "--".into(),
+        "gpu-mig-manager".into(),
+        "--node-name".into(),
+        node.into(),
+        "--config-file".into(),
+        files.config.display().to_string(),
+        "--signal-file".into(),
+        files.signal.display().to_string(),
+        "--kubeconfig".into(),
+        kubeconfig,
+        "--client-timeout-seconds".into(),
+        "60".into(),
+        "--poll-ms".into(),
+        "200".into(),
+    ]);
+    backend(&mut args);
+    let out = std::fs::File::create(&log)?;
+    let child = Command::new(workspace_binary("gpu-node-agent")?)
+        .args(&args)
+        .env_remove("NODE_NAME")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(out)
+        .spawn()
+        .context("starting gpu-node-agent")?;
+    Ok(AgentProcess::new("gpu-node-agent", child, log))
+}
+
+async fn label_node(client: &Client, node: &str, key: &str, value: &str) -> Result<()> {
+    let body = serde_json::json!({"metadata": {"labels": {key: value}}});
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(&body))
+        .await?;
+    Ok(())
+}
+
+async fn node_labels(client: &Client, node: &str) -> Result<BTreeMap<String, String>, kube::Error> {
+    let n = Api::<Node>::all(client.clone()).get(node).await?;
+    Ok(n.metadata.labels.unwrap_or_default())
+}
+
+fn exporter_up(port: u16) -> bool {
+    TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    )
+    .is_ok()
+}
+
+async fn wait_true(what: &str, mut probe: impl FnMut() -> bool) -> Result<()> {
+    wait_for(what, LONG, || {
+        let ok = probe();
+        async move { Ok(ok.then_some(())) }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Lines of the agent's log, without colour codes.
+fn log_lines(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|l| {
+            let mut out = String::new();
+            let mut chars = l.chars();
+            while let Some(c) = chars.next() {
+                if c == '\u{1b}' {
+                    for c in chars.by_ref() {
+                        if c == 'm' {
+                            break;
+                        }
+                    }
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+#[tokio::test]
+async fn node_agent_runs_each_component_while_its_deploy_label_is_true() -> Result<()> {
+    let cluster = TestCluster::attach().await?;
+    let client = cluster.client();
+    let fleet = GpuFleet::new(format!("agent-{}", unique_suffix()), 1)
+        .with_gpus(2)
+        .with_label(DEPLOY_DP, "true")
+        .with_label(DEPLOY_GFD, "true")
+        .with_label(DEPLOY_EXPORTER, "true")
+        .with_label(DEPLOY_MIG, "true");
+    let names = cluster.create_gpu_nodes(&fleet).await?;
+    let node = names[0].clone();
+    let dir = std::env::temp_dir().join(format!("gpu-stack-node-agent-{}", unique_suffix()));
+    let files = write_mig_files(&dir, &node, 2, "")?;
+    let port = free_port()?;
+    let mut agent = start_node_agent(&cluster, &node, &files, port)?;
+    let outcome = scenario(&client, &node, &files, port, &agent).await;
+    let stopped = agent.terminate();
+    cluster.delete_nodes(&names).await?;
+    if let Err(err) = outcome {
+        return Err(err.context(format!("--- node agent log ---\n{}", agent.log_tail())));
+    }
+    ensure!(
+        stopped?.success(),
+        "the node agent did not exit cleanly on SIGTERM:\n{}",
+        agent.log_tail()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+async fn scenario(
+    client: &Client,
+    node: &str,
+    files: &MigFiles,
+    port: u16,
+    agent: &AgentProcess,
+) -> Result<()> {
+    let socket = files.dir.join("device-plugins").join(DP_SOCKET);
+    // 1. Every label true: all four run.
+    wait_true("the device plugin's socket", || socket.exists()).await?;
+    wait_true("the exporter's port", || exporter_up(port)).await?;
+    wait_for("GFD's labels", LONG, || async {
+        Ok(node_labels(client, node)
+            .await?
+            .contains_key(GFD_PRODUCT)
+            .then_some(()))
+    })
+    .await?;
+
+    // 2. One label off: that component stops for real (its socket is
+    // removed), the others keep running; back on, it starts again.
+    label_node(client, node, DEPLOY_DP, "false").await?;
+    wait_true("the device plugin's socket to go", || !socket.exists()).await?;
+    ensure!(
+        exporter_up(port),
+        "the exporter stopped with the device plugin"
+    );
+    label_node(client, node, DEPLOY_EXPORTER, "paused-for-driver-upgrade").await?;
+    wait_true("the exporter's port to close", || !exporter_up(port)).await?;
+    label_node(client, node, DEPLOY_DP, "true").await?;
+    label_node(client, node, DEPLOY_EXPORTER, "true").await?;
+    wait_true("the device plugin's socket again", || socket.exists()).await?;
+    wait_true("the exporter's port again", || exporter_up(port)).await?;
+
+    // 3. A MIG change: the hosted MIG manager pauses the clients, waits for
+    // their in-process stop, changes the GPUs and restores the labels.
+    ensure!(
+        !mig_assert(files, node, "all-1g.10gb")?,
+        "GPUs start without MIG"
+    );
+    label_node(client, node, "nvidia.com/mig.config", "all-1g.10gb").await?;
+    wait_for("mig.config.state=success", LONG, || async {
+        let l = node_labels(client, node).await?;
+        Ok(
+            (l.get("nvidia.com/mig.config.state").map(String::as_str) == Some("success"))
+                .then_some(l),
+        )
+    })
+    .await?;
+    ensure!(
+        mig_assert(files, node, "all-1g.10gb")?,
+        "the GPUs were not changed"
+    );
+    let l = node_labels(client, node).await?;
+    for key in [DEPLOY_DP, DEPLOY_GFD, DEPLOY_EXPORTER] {
+        ensure!(
+            l.get(key).map(String::as_str) == Some("true"),
+            "{key} not restored: {:?}",
+            l.get(key)
+        );
+    }
+    let mig_socket = files
+        .dir
+        .join("device-plugins")
+        .join("nvidia-mig-1g.10gb.sock");
+    wait_true("the device plugin serving MIG devices", || {
+        mig_socket.exists()
+    })
+    .await?;
+    wait_true("the exporter's port after the change", || exporter_up(port)).await?;
+
+    // Each paused client was stopped after the pass began and before the
+    // manager touched the GPUs.
+    let lines = log_lines(agent.log_path());
+    let find = |what: &str| lines.iter().position(|l| l.contains(what));
+    let began = find("nvidia.com/mig.config changed").context("no MIG pass in the log")?;
+    let applying = find("GPU clients gone; applying").context("no MIG apply in the log")?;
+    for name in ["device-plugin", "gpu-feature-discovery", "dcgm-exporter"] {
+        let stopped = lines
+            .iter()
+            .enumerate()
+            .skip(began)
+            .position(|(_, l)| {
+                l.contains("deploy label is not true: stopped")
+                    && l.contains(&format!("\"{name}\""))
+            })
+            .map(|i| i + began)
+            .with_context(|| format!("{name} was not stopped for the MIG change"))?;
+        ensure!(
+            stopped < applying,
+            "{name} stopped after the MIG manager began changing the GPUs"
+        );
+    }
+    Ok(())
+}
