@@ -236,3 +236,38 @@ fn unreadable_or_invalid_fleet_is_refused_with_a_message() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+#[test]
+fn the_node_agent_mode_keeps_every_node_result() {
+    let separate = json(&[]);
+    let combined = json(&["--node-agent"]);
+    let daemonsets = |state: &Value| -> Vec<String> {
+        state["objects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["kind"] == "DaemonSet")
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let names = daemonsets(&combined);
+    assert!(
+        names.contains(&"gpu-stack-node-agent".to_string()),
+        "{names:?}"
+    );
+    for hosted in [
+        "nvidia-device-plugin-daemonset",
+        "gpu-feature-discovery",
+        "nvidia-mig-manager",
+        "nvidia-dcgm-exporter",
+    ] {
+        assert!(
+            !names.contains(&hosted.to_string()),
+            "{hosted} in {names:?}"
+        );
+    }
+    // Every node ends with the same labels, capacity, agents and MIG layout,
+    // and the MIG change went the same way.
+    assert_eq!(separate["nodes"], combined["nodes"]);
+    assert_eq!(separate["migChange"], combined["migChange"]);
+}

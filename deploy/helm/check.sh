@@ -97,6 +97,19 @@ done
   || { echo "deploy/helm/check.sh: DeviceClasses are installed by default" >&2; exit 1; }
 grep -q '"nvidia-dra-driver-gpu-kubelet-plugin"' "$out/default.yaml" \
   || { echo "deploy/helm/check.sh: the operator may not grant the DRA plugin's ClusterRole (operandRoles)" >&2; exit 1; }
+# nodeAgent (one DaemonSet for the node agents): off by default; on, it
+# takes its image from imageRepository, and the operator may grant its role.
+sed -n '/^  nodeAgent:$/,/^  [a-zA-Z]/p' "$out/default.yaml" | grep -q '^    enabled: false$' \
+  || { echo "deploy/helm/check.sh: nodeAgent is not off by default" >&2; exit 1; }
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" \
+  --set nodeAgent.enabled=true >"$out/agent.yaml"
+agent_section="$(sed -n '/^  nodeAgent:$/,/^  [a-zA-Z]/p' "$out/agent.yaml")"
+for want in 'enabled: true' 'repository: registry.example.com/gpu-stack'; do
+  grep -q "^    $want\$" <<<"$agent_section" \
+    || { echo "deploy/helm/check.sh: nodeAgent.enabled=true renders no \"$want\" in the ClusterPolicy: $agent_section" >&2; exit 1; }
+done
+grep -q '"gpu-stack-node-agent"' "$out/default.yaml" \
+  || { echo "deploy/helm/check.sh: the operator may not grant the node agent's ClusterRole (operandRoles)" >&2; exit 1; }
 
 # Alerts and dashboard (README, "Alerts and dashboard"): the chart's copies in
 # files/ are the plain files in deploy/monitoring/, byte for byte; both are off

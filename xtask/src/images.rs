@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 pub const LOCAL_REPOSITORY: &str = "localhost/gpu-stack";
 
 /// The project's binaries, each shipped as an image of the same name.
-pub const BINARIES: [&str; 7] = [
+pub const BINARIES: [&str; 8] = [
     "gpu-operator",
     "gpu-stack",
     "gpu-device-plugin",
@@ -33,6 +33,7 @@ pub const BINARIES: [&str; 7] = [
     "gpu-exporter",
     "gpu-mig-manager",
     "gpu-dra-plugin",
+    "gpu-node-agent",
 ];
 
 /// Tag of every project image: the workspace version, as the chart's appVersion.

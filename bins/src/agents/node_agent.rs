@@ -84,20 +84,78 @@ fn parse(segments: &[Segment]) -> Result<Vec<(Component, Vec<String>)>, Failure>
 
 fn flags(s: &Segment) -> Result<Parsed> {
     let what = || format!("flags of {}", s.args[0]);
+    fn parse_as<T: Parser>(args: &[String]) -> clap::error::Result<T> {
+        T::try_parse_from(env_as_flags(&T::command(), args))
+    }
     Ok(match s.component {
-        Component::DevicePlugin => Parsed::DevicePlugin(Box::new(
-            device_plugin::Args::try_parse_from(&s.args).with_context(what)?,
-        )),
-        Component::GpuFeatureDiscovery => Parsed::Gfd(Box::new(
-            feature_discovery::Args::try_parse_from(&s.args).with_context(what)?,
-        )),
-        Component::DcgmExporter => Parsed::Exporter(Box::new(
-            exporter::Args::try_parse_from(&s.args).with_context(what)?,
-        )),
-        _ => Parsed::MigManager(Box::new(
-            mig_manager::Args::try_parse_from(&s.args).with_context(what)?,
-        )),
+        Component::DevicePlugin => {
+            Parsed::DevicePlugin(Box::new(parse_as(&s.args).with_context(what)?))
+        }
+        Component::GpuFeatureDiscovery => {
+            Parsed::Gfd(Box::new(parse_as(&s.args).with_context(what)?))
+        }
+        Component::DcgmExporter => {
+            Parsed::Exporter(Box::new(parse_as(&s.args).with_context(what)?))
+        }
+        _ => Parsed::MigManager(Box::new(parse_as(&s.args).with_context(what)?)),
     })
+}
+
+/// Whether an argument is a `NAME=VALUE` environment assignment.
+fn env_assignment(arg: &str) -> Option<(&str, &str)> {
+    let (name, value) = arg.split_once('=')?;
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    ((first.is_ascii_uppercase() || first == '_')
+        && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+    .then_some((name, value))
+}
+
+/// A component's command line with its leading `NAME=VALUE` arguments
+/// (right after the binary's name) turned into the flags that read those
+/// variables in `cmd`: the environment its own container would have had,
+/// given to it alone (components read some variables of the same name,
+/// `CONFIG_FILE` for one). As with a real environment, a flag given on the
+/// command line wins, and a variable no flag reads changes nothing.
+fn env_as_flags(cmd: &clap::Command, args: &[String]) -> Vec<String> {
+    let Some((binary, rest)) = args.split_first() else {
+        return Vec::new();
+    };
+    let assignments = rest
+        .iter()
+        .take_while(|a| env_assignment(a).is_some())
+        .count();
+    let (vars, explicit) = rest.split_at(assignments);
+    let mut out = vec![binary.clone()];
+    for (name, value) in vars.iter().filter_map(|a| env_assignment(a)) {
+        let Some(arg) = cmd
+            .get_arguments()
+            .find(|a| a.get_env().is_some_and(|e| e == name))
+        else {
+            tracing::debug!(binary = %binary, variable = name, "no flag reads it; ignored");
+            continue;
+        };
+        let Some(long) = arg.get_long() else { continue };
+        let flag = format!("--{long}");
+        if explicit
+            .iter()
+            .any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
+        {
+            continue;
+        }
+        match arg.get_action() {
+            // A switch is on for any value but clap's false ones.
+            clap::ArgAction::SetTrue => {
+                let off = ["", "0", "n", "no", "f", "false", "off"];
+                if !off.contains(&value.to_ascii_lowercase().as_str()) {
+                    out.push(flag);
+                }
+            }
+            _ => out.push(format!("{flag}={value}")),
+        }
+    }
+    out.extend(explicit.iter().cloned());
+    out
 }
 
 /// The process: logging, then [`supervise`] on the agents' runtime.
@@ -295,5 +353,82 @@ async fn reconcile(
             slot.backoff = FIRST_BACKOFF;
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_components_variables_become_its_own_flags() {
+        let cmd = mig_manager::Args::command();
+        let args = strings(&[
+            "gpu-mig-manager",
+            "CONFIG_FILE=/mig-parted-config/config.yaml",
+            "DEFAULT_MIG_CONFIG=all-disabled",
+            "--node-name=n",
+        ]);
+        // DEFAULT_MIG_CONFIG is read by no flag of the MIG manager: it stays out.
+        assert_eq!(
+            env_as_flags(&cmd, &args),
+            strings(&[
+                "gpu-mig-manager",
+                "--config-file=/mig-parted-config/config.yaml",
+                "--node-name=n"
+            ])
+        );
+        let parsed = mig_manager::Args::try_parse_from(env_as_flags(&cmd, &args));
+        assert!(parsed.is_ok(), "{parsed:?}");
+    }
+
+    #[test]
+    fn a_flag_on_the_command_line_wins_over_a_variable() {
+        let cmd = device_plugin::Args::command();
+        let args = strings(&[
+            "gpu-device-plugin",
+            "MIG_STRATEGY=single",
+            "--mig-strategy=mixed",
+        ]);
+        assert_eq!(
+            env_as_flags(&cmd, &args),
+            strings(&["gpu-device-plugin", "--mig-strategy=mixed"])
+        );
+    }
+
+    #[test]
+    fn only_leading_assignments_are_variables() {
+        let cmd = exporter::Args::command();
+        // A value that looks like an assignment after a flag is the flag's.
+        let args = strings(&["gpu-exporter", "--collectors", "A=B"]);
+        assert_eq!(env_as_flags(&cmd, &args), args);
+        assert_eq!(env_assignment("lower=x"), None);
+        assert_eq!(env_assignment("--x=y"), None);
+        assert_eq!(env_assignment("NODE_NAME=n=1"), Some(("NODE_NAME", "n=1")));
+    }
+
+    #[test]
+    fn every_hosted_parser_takes_its_variables_as_flags() {
+        // Each flag that reads a variable accepts `--flag=VALUE` (or is a switch).
+        for cmd in [
+            device_plugin::Args::command(),
+            feature_discovery::Args::command(),
+            exporter::Args::command(),
+            mig_manager::Args::command(),
+        ] {
+            for arg in cmd.get_arguments().filter(|a| a.get_env().is_some()) {
+                assert!(
+                    arg.get_long().is_some(),
+                    "{}: {:?} reads a variable but has no long flag",
+                    cmd.get_name(),
+                    arg.get_id()
+                );
+            }
+        }
     }
 }

@@ -28,6 +28,10 @@ pub struct Args {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// Run the device plugin, GFD, the exporter and the MIG manager as one
+    /// node agent DaemonSet (`nodeAgent.enabled` in the ClusterPolicy).
+    #[arg(long)]
+    pub node_agent: bool,
 }
 
 /// Runs `gpu-stack demo`.
@@ -38,6 +42,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Output::Text => Format::Text,
             Output::Json => Format::Json,
         },
+        node_agent: args.node_agent,
     };
     match demo::run(&options, &mut std::io::stdout().lock()) {
         Ok(()) => Ok(ExitCode::SUCCESS),

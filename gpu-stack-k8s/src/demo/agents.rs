@@ -40,6 +40,7 @@ use super::DemoError;
 use crate::cluster::selector::pod_fits_node;
 use crate::cluster::{ClusterError, InMemoryCluster, Object};
 use crate::clusterpolicy::ClusterPolicy;
+use crate::desired::render::NODE_AGENT_NAME;
 use crate::deviceplugin::labels::label_changes;
 use crate::deviceplugin::node::read_node_gpus;
 use crate::migmanager::{
@@ -137,14 +138,29 @@ pub fn running_agents(cluster: &InMemoryCluster, node: &str) -> RunningAgents {
         return RunningAgents::default();
     };
     let objects = cluster.objects();
+    let labels = n.metadata.labels.clone().unwrap_or_default();
     let runs = |c: Component| {
-        objects.iter().any(|o| match o {
-            Object::DaemonSet(ds) if o.name() == c.daemonset_name() => ds
-                .spec
-                .as_ref()
-                .and_then(|s| s.template.spec.as_ref())
-                .is_some_and(|s| pod_fits_node(s, &n)),
-            _ => false,
+        objects.iter().any(|o| {
+            let Object::DaemonSet(ds) = o else {
+                return false;
+            };
+            let Some(pod) = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()) else {
+                return false;
+            };
+            if !pod_fits_node(pod, &n) {
+                return false;
+            }
+            if o.name() == c.daemonset_name() {
+                return true;
+            }
+            // The node agent runs a component it hosts while its label is true.
+            o.name() == NODE_AGENT_NAME
+                && gpu_stack_core::nodeagent::should_run(&labels, c)
+                && gpu_stack_core::nodeagent::binary_name(c).is_some_and(|b| {
+                    pod.containers
+                        .iter()
+                        .any(|k| k.args.iter().flatten().any(|a| a == b))
+                })
         })
     };
     RunningAgents {

@@ -56,6 +56,9 @@ pub struct DemoOptions {
     pub fleet: FleetSource,
     /// Output format.
     pub format: Format,
+    /// Run the device plugin, GFD, the exporter and the MIG manager as the
+    /// one node agent DaemonSet (`nodeAgent.enabled` in the ClusterPolicy).
+    pub node_agent: bool,
 }
 
 /// The fleet and how to name where it came from in messages.
@@ -103,7 +106,7 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<(), DemoError> 
     for n in nodes_from_fleet(&fleet) {
         cluster.upsert_node(n);
     }
-    let policy = default_policy();
+    let policy = default_policy(options.node_agent);
     let settings = AgentSettings::from_policy(&policy)?;
     cluster.upsert_policy(policy);
     let mut demo = Scenario {
@@ -333,11 +336,20 @@ impl Scenario<'_> {
     /// Step 5: the exporter is disabled; its objects go away and it stops on
     /// every node.
     fn disable_exporter(&mut self, sim_nodes: &[DemoNode]) -> Result<(), DemoError> {
+        let c_has_node_agent = self
+            .op
+            .cluster()
+            .policy(POLICY)
+            .is_some_and(|p| p.spec.node_agent_enabled());
         self.show(|out, _| {
             render::heading(
                 out,
                 5,
-                "dcgmExporter.enabled=false: its DaemonSet, RBAC and ServiceAccount go away",
+                if c_has_node_agent {
+                    "dcgmExporter.enabled=false: the node agent stops running it"
+                } else {
+                    "dcgmExporter.enabled=false: its DaemonSet, RBAC and ServiceAccount go away"
+                },
             )
         })?;
         let mut policy = self

@@ -37,10 +37,14 @@ pub(super) fn demo_clock() -> Clock {
 
 /// The ClusterPolicy the operator starts with: defaults, MIG strategy
 /// [`MIG_STRATEGY`].
-pub(super) fn default_policy() -> ClusterPolicy {
+pub(super) fn default_policy(node_agent: bool) -> ClusterPolicy {
     let spec = ClusterPolicySpec {
         mig: Some(MigSpec {
             strategy: Some(MIG_STRATEGY.into()),
+            ..Default::default()
+        }),
+        node_agent: node_agent.then(|| crate::clusterpolicy::ComponentSpec {
+            enabled: Some(true),
             ..Default::default()
         }),
         ..Default::default()

@@ -99,6 +99,13 @@ pub struct ClusterPolicySpec {
     /// and the MIG manager is not deployed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dra_driver: Option<DraDriverSpec>,
+    /// The combined node agent (`gpu-node-agent`, a gpu-stack extension):
+    /// the device plugin, GFD, the exporter and the MIG manager as one
+    /// process in one DaemonSet, each run while its deploy label is `true`.
+    /// Off by default. Its `args` and `env` are the agent's own; each hosted
+    /// component keeps its section's `args` and `env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_agent: Option<ComponentSpec>,
     /// Sections this operator does not implement (sandboxWorkloads, vgpu*, gds, ...).
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(skip)]
@@ -706,7 +713,7 @@ fn is_int_or_percent(s: &str) -> bool {
 }
 
 /// Names of the top-level sections we model (used for the unsupported list).
-pub const KNOWN_SECTIONS: [&str; 16] = [
+pub const KNOWN_SECTIONS: [&str; 17] = [
     "operator",
     "daemonsets",
     "driver",
@@ -723,6 +730,7 @@ pub const KNOWN_SECTIONS: [&str; 16] = [
     "hostPaths",
     "psa",
     "draDriver",
+    "nodeAgent",
 ];
 
 fn on(c: Option<&ComponentSpec>, default: bool) -> bool {
@@ -778,6 +786,34 @@ fn image_with_defaults(
         dversion
     });
     image_path(repo, image.unwrap_or(dimage), version)
+}
+
+/// Image settings of a section after `defaults`.
+fn settings_with_defaults(
+    spec: Option<&ComponentSpec>,
+    defaults: (&str, &str, &str),
+) -> ImageSettings {
+    ImageSettings {
+        image: image_with_defaults(
+            spec.and_then(|s| s.repository.as_deref()),
+            spec.and_then(|s| nonempty(&s.image)),
+            spec.and_then(|s| nonempty(&s.version)),
+            defaults,
+        ),
+        pull_policy: spec
+            .and_then(|s| nonempty(&s.image_pull_policy))
+            .unwrap_or("IfNotPresent")
+            .to_string(),
+        pull_secrets: spec
+            .map(|s| s.image_pull_secrets.clone())
+            .unwrap_or_default(),
+    }
+}
+
+/// The name of an image reference without its repository, tag or digest.
+fn image_name(image: &str) -> &str {
+    let name = image.rsplit('/').next().unwrap_or(image);
+    name.split(['@', ':']).next().unwrap_or(name)
 }
 
 impl DriverManagerSpec {
@@ -889,32 +925,49 @@ impl ClusterPolicySpec {
     /// Image settings of a component after defaults (for the driver this is
     /// the base `repository/image`; the selection matrix adds the tag).
     pub fn image_settings(&self, c: Component) -> ImageSettings {
-        let spec = self.component(c);
-        ImageSettings {
-            image: image_with_defaults(
-                spec.and_then(|s| s.repository.as_deref()),
-                spec.and_then(|s| nonempty(&s.image)),
-                spec.and_then(|s| nonempty(&s.version)),
-                Self::default_image(c),
-            ),
-            pull_policy: spec
-                .and_then(|s| nonempty(&s.image_pull_policy))
-                .unwrap_or("IfNotPresent")
-                .to_string(),
-            pull_secrets: spec
-                .map(|s| s.image_pull_secrets.clone())
-                .unwrap_or_default(),
+        settings_with_defaults(self.component(c), Self::default_image(c))
+    }
+
+    /// The combined node agent's default `(repository, image, version)`.
+    pub const NODE_AGENT_IMAGE: (&'static str, &'static str, &'static str) =
+        (GPU_STACK_REPOSITORY, "gpu-node-agent", GPU_STACK_VERSION);
+
+    /// `nodeAgent.enabled` (default false).
+    pub fn node_agent_enabled(&self) -> bool {
+        on(self.node_agent.as_ref(), false)
+    }
+
+    /// The combined node agent's image settings after defaults.
+    pub fn node_agent_image_settings(&self) -> ImageSettings {
+        settings_with_defaults(self.node_agent.as_ref(), Self::NODE_AGENT_IMAGE)
+    }
+
+    /// The components the combined node agent runs, in its order: with
+    /// `nodeAgent.enabled`, every enabled component it can host whose image
+    /// is gpu-stack's own (a section naming another image, NVIDIA's say,
+    /// keeps its own DaemonSet, as that image is what the user asked for).
+    /// Empty when the agent is off.
+    pub fn node_agent_components(&self) -> Vec<Component> {
+        if !self.node_agent_enabled() {
+            return Vec::new();
         }
+        let enabled = self.enablement();
+        gpu_stack_core::nodeagent::HOSTED
+            .iter()
+            .map(|(c, _)| *c)
+            .filter(|c| enabled.is_enabled(*c))
+            .filter(|c| {
+                let image = self.image_settings(*c).image;
+                image_name(&image) == Self::default_image(*c).1
+            })
+            .collect()
     }
 
     /// True when the toolkit image is gpu-stack's own (image name `gpu-stack`):
     /// the toolkit DaemonSet then runs `gpu-stack toolkit`, which configures
     /// the runtime for CDI with no runtime shim, instead of NVIDIA's toolkit.
     pub fn toolkit_is_gpu_stack(&self) -> bool {
-        let image = self.image_settings(Component::ContainerToolkit).image;
-        let name = image.rsplit('/').next().unwrap_or(&image);
-        let name = name.split(['@', ':']).next().unwrap_or(name);
-        name == "gpu-stack"
+        image_name(&self.image_settings(Component::ContainerToolkit).image) == "gpu-stack"
     }
 
     /// The driver request for the selection matrix.
@@ -998,6 +1051,9 @@ impl ClusterPolicySpec {
             if let Some(spec) = self.component(c) {
                 common_fields(&format!("spec.{}", section_name(c)), spec, &mut out);
             }
+        }
+        if let Some(spec) = &self.node_agent {
+            common_fields("spec.nodeAgent", spec, &mut out);
         }
         if let Some(m) = &self.mig {
             one_of(
@@ -1130,6 +1186,9 @@ impl ClusterPolicySpec {
             if let Some(spec) = self.component(c) {
                 section(section_name(c), &spec.extra);
             }
+        }
+        if let Some(spec) = &self.node_agent {
+            section("nodeAgent", &spec.extra);
         }
         if self.dcgm.as_ref().and_then(|d| d.enabled) == Some(true) {
             out.push("spec.dcgm.enabled".into());

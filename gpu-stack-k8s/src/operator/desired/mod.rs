@@ -530,7 +530,16 @@ pub fn desired_state_with(
             }
         }
     }
+    // With `nodeAgent.enabled` the components it hosts run in its one
+    // DaemonSet instead of their own.
+    let hosted = spec.node_agent_components();
     for c in enablement.enabled() {
+        if hosted.contains(&c) {
+            if c == Component::MigManager && uses_default_mig_config(spec) {
+                objects.push(render::mig_parted_config_with(&ctx, &mig.generated));
+            }
+            continue;
+        }
         objects.push(render::service_account(&ctx, c));
         objects.extend(render::rbac(&ctx, c));
         if c == Component::Driver {
@@ -540,17 +549,11 @@ pub fn desired_state_with(
         } else {
             objects.push(render::daemonset(&ctx, c, None));
         }
-        if c == Component::MigManager
-            && spec
-                .mig_manager
-                .as_ref()
-                .and_then(|m| m.config.as_ref())
-                .and_then(|c| c.name.as_deref())
-                .is_none_or(|n| n.is_empty() || n == "default-mig-parted-config")
-        {
+        if c == Component::MigManager && uses_default_mig_config(spec) {
             objects.push(render::mig_parted_config_with(&ctx, &mig.generated));
         }
     }
+    objects.extend(render::node_agent_objects(&ctx, &hosted));
 
     // Diff by hash.
     let current_by_key: BTreeMap<ObjectKey, &Object> =
@@ -710,6 +713,16 @@ pub fn desired_state_with(
         mig_config_status: mig.statuses,
         unchanged,
     }
+}
+
+/// Whether the MIG manager reads the operator's own mig-parted ConfigMap
+/// (no `migManager.config.name`, or the default one).
+fn uses_default_mig_config(spec: &crate::clusterpolicy::ClusterPolicySpec) -> bool {
+    spec.mig_manager
+        .as_ref()
+        .and_then(|m| m.config.as_ref())
+        .and_then(|c| c.name.as_deref())
+        .is_none_or(|n| n.is_empty() || n == "default-mig-parted-config")
 }
 
 fn lowercase_first(s: &str) -> String {

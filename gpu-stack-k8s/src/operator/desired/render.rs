@@ -29,6 +29,9 @@ use crate::clusterpolicy::{
 use crate::operator::nvidiadriver::NvidiaDriver;
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
 
+mod node_agent;
+pub use node_agent::{NODE_AGENT_COMPONENT, NODE_AGENT_NAME, node_agent_objects};
+
 /// The key of the mig-parted file in its ConfigMap.
 pub const MIG_PARTED_CONFIG_KEY: &str = "config.yaml";
 
@@ -578,7 +581,12 @@ fn tolerations(spec: &ClusterPolicySpec) -> Vec<Toleration> {
 }
 
 fn resources(spec: &ClusterPolicySpec, c: Component) -> Option<ResourceRequirements> {
-    let r = spec.component(c)?.resources.as_ref()?;
+    section_resources(spec.component(c))
+}
+
+/// The `resources` of a policy section as a container's.
+fn section_resources(section: Option<&ComponentSpec>) -> Option<ResourceRequirements> {
+    let r = section?.resources.as_ref()?;
     let q = |m: &BTreeMap<String, String>| {
         (!m.is_empty()).then(|| {
             m.iter()

@@ -1104,3 +1104,5 @@ fn mig_configs_say_the_dra_plugin_owns_mig_layouts() {
     );
     assert!(!d.node_labels["gpu-1"].contains_key(gpu_stack_core::operator::labels::MIG_CONFIG));
 }
+
+mod node_agent;
