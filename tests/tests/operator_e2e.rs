@@ -12,6 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use gpu_stack_core::nodeagent::binary_name;
+use gpu_stack_core::operator::components::Component;
 use gpu_stack_core::operator::labels::apply_patch;
 use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::chart::{
@@ -24,6 +26,7 @@ use gpu_stack_e2e::{
 use gpu_stack_k8s::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
 use gpu_stack_k8s::cluster::selector::pod_selects_node;
 use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
+use gpu_stack_k8s::desired::render::NODE_AGENT_NAME;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
@@ -192,10 +195,11 @@ async fn daemonsets(client: &Client, namespace: &str) -> Result<Vec<DaemonSet>, 
         .items)
 }
 
+/// The DaemonSet that runs the device plugin: its own, or the node agent's.
 fn device_plugin_ds(all: &[DaemonSet]) -> Option<String> {
     all.iter()
         .map(ResourceExt::name_any)
-        .find(|n| n.contains("device-plugin"))
+        .find(|n| n.contains("device-plugin") || n == NODE_AGENT_NAME)
 }
 
 async fn apply_policy(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
@@ -237,22 +241,61 @@ async fn leader_count(replicas: &[&Replica]) -> usize {
     n
 }
 
+/// How the policy runs the node agents: one DaemonSet each, or all in one
+/// `gpu-node-agent` DaemonSet (`spec.nodeAgent.enabled`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Separate,
+    NodeAgent,
+}
+
+impl Mode {
+    /// `spec` with this mode's `nodeAgent` section.
+    fn spec(self, mut spec: serde_json::Value) -> serde_json::Value {
+        spec["nodeAgent"] = serde_json::json!({ "enabled": self == Mode::NodeAgent });
+        spec
+    }
+}
+
+/// Whether the operands include the exporter: its own DaemonSet, or its
+/// segment on the node agent's command line.
+fn runs_exporter(all: &[DaemonSet], mode: Mode) -> bool {
+    match mode {
+        Mode::Separate => all.iter().any(|d| d.name_any().contains("dcgm-exporter")),
+        Mode::NodeAgent => all
+            .iter()
+            .filter(|d| d.name_any() == NODE_AGENT_NAME)
+            .flat_map(|d| d.spec.iter())
+            .flat_map(|s| s.template.spec.iter())
+            .flat_map(|p| p.containers.iter())
+            .flat_map(|c| c.args.iter().flatten())
+            .any(|a| Some(a.as_str()) == binary_name(Component::DcgmExporter)),
+    }
+}
+
+/// The node contract in both modes, one after the other (a ClusterPolicy is
+/// a cluster-wide singleton).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_binary_on_a_real_cluster() -> Result<()> {
     let cluster = TestCluster::attach().await?;
     let bin = workspace_binary("gpu-operator")?;
-    // The generated CRDs, and the chart's ServiceAccount and RBAC.
-    let env = OperatorTestEnv::setup(&cluster, "op").await?;
-    let result = scenarios(
-        &cluster,
-        &env.admin,
-        &bin,
-        &env.kubeconfig,
-        &env.namespace,
-        &env.prefix,
-    )
-    .await;
-    env.teardown(&cluster, result).await
+    for (mode, tag) in [(Mode::Separate, "op"), (Mode::NodeAgent, "opna")] {
+        // The generated CRDs, and the chart's ServiceAccount and RBAC.
+        let env = OperatorTestEnv::setup(&cluster, tag).await?;
+        let result = scenarios(
+            &cluster,
+            &env.admin,
+            &bin,
+            &env.kubeconfig,
+            &env.namespace,
+            &env.prefix,
+            mode,
+        )
+        .await
+        .with_context(|| format!("in mode {mode:?}"));
+        env.teardown(&cluster, result).await?;
+    }
+    Ok(())
 }
 
 async fn scenarios(
@@ -262,6 +305,7 @@ async fn scenarios(
     kubeconfig: &Path,
     namespace: &str,
     prefix: &str,
+    mode: Mode,
 ) -> Result<()> {
     // 20 GPU nodes and 5 CPU-only nodes.
     let gpu_names = cluster
@@ -303,13 +347,13 @@ async fn scenarios(
     apply_policy(
         admin,
         "cluster-policy",
-        serde_json::json!({
+        mode.spec(serde_json::json!({
             "operator": { "defaultRuntime": "containerd" },
             "driver": { "enabled": true },
             "dcgmExporter": { "enabled": true },
             "migManager": { "enabled": true },
             "sandboxWorkloads": { "enabled": false },
-        }),
+        })),
     )
     .await?;
     wait_policy(admin, "cluster-policy", "ClusterPolicy ready", is_ready).await?;
@@ -325,6 +369,30 @@ async fn scenarios(
     }
     let ds_all = daemonsets(admin, namespace).await?;
     ensure!(!ds_all.is_empty(), "no DaemonSets in {namespace}");
+    // The hosted components have no DaemonSet of their own in the combined
+    // mode, and the node agent none in the other.
+    let names: Vec<String> = ds_all.iter().map(ResourceExt::name_any).collect();
+    let hosted_own = [
+        "device-plugin",
+        "feature-discovery",
+        "dcgm-exporter",
+        "mig-manager",
+    ];
+    let own = names
+        .iter()
+        .filter(|n| hosted_own.iter().any(|h| n.contains(h)))
+        .count();
+    match mode {
+        Mode::Separate => ensure!(
+            own == hosted_own.len() && !names.iter().any(|n| n == NODE_AGENT_NAME),
+            "DaemonSets {names:?}"
+        ),
+        Mode::NodeAgent => ensure!(
+            own == 0 && names.iter().any(|n| n == NODE_AGENT_NAME),
+            "DaemonSets {names:?}: the hosted components run in {NODE_AGENT_NAME}"
+        ),
+    }
+    ensure!(runs_exporter(&ds_all, mode), "no exporter in {names:?}");
     let plugin = device_plugin_ds(&ds_all).ok_or_else(|| anyhow!("no device-plugin DaemonSet"))?;
     let mut expected = gpu_names.clone();
     expected.sort();
@@ -375,7 +443,9 @@ async fn scenarios(
     })
     .await?;
 
-    // paused-for-mig-change → left alone, its pod goes away.
+    // paused-for-mig-change → left alone; its pod goes away, or in the
+    // combined mode the node agent's pod stays (its other components still
+    // run there; it stops the device plugin in-process: node_agent_e2e).
     let paused = gpu_names[0].clone();
     nodes_api
         .patch(
@@ -384,60 +454,63 @@ async fn scenarios(
             &Patch::Merge(serde_json::json!({"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: "paused-for-mig-change"}}})),
         )
         .await?;
-    wait_for("paused node's plugin pod gone", LONG, || async {
-        Ok((!nodes_running(admin, namespace, &plugin, prefix)
-            .await?
-            .contains(&paused))
-        .then_some(()))
-    })
-    .await?;
+    if mode == Mode::Separate {
+        wait_for("paused node's plugin pod gone", LONG, || async {
+            Ok((!nodes_running(admin, namespace, &plugin, prefix)
+                .await?
+                .contains(&paused))
+            .then_some(()))
+        })
+        .await?;
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
+    if mode == Mode::NodeAgent {
+        ensure!(
+            nodes_running(admin, namespace, &plugin, prefix)
+                .await?
+                .contains(&paused),
+            "the node agent's pod left a node where GFD and the MIG manager still run"
+        );
+    }
     let label = node_label(&nodes_api.get(&paused).await?, DEPLOY_DEVICE_PLUGIN);
     ensure!(
         label.as_deref() == Some("paused-for-mig-change"),
         "the operator overwrote the paused label: {label:?}"
     );
 
-    // A component disabled → its DaemonSet deleted.
-    let exporter = ds_all
-        .iter()
-        .map(ResourceExt::name_any)
-        .find(|n| n.contains("dcgm-exporter"))
-        .ok_or_else(|| anyhow!("no dcgm-exporter DaemonSet"))?;
+    // A component disabled → its DaemonSet deleted, or its segment gone from
+    // the node agent's command line.
     apply_policy(
         admin,
         "cluster-policy",
-        serde_json::json!({
+        mode.spec(serde_json::json!({
             "driver": { "enabled": true },
             "dcgmExporter": { "enabled": false },
             "migManager": { "enabled": true },
-        }),
+        })),
     )
     .await?;
-    wait_for("dcgm-exporter DaemonSet deleted", LONG, || async {
-        Ok((!daemonsets(admin, namespace)
-            .await?
-            .iter()
-            .any(|d| d.name_any() == exporter))
-        .then_some(()))
+    wait_for("the exporter removed", LONG, || async {
+        Ok((!runs_exporter(&daemonsets(admin, namespace).await?, mode)).then_some(()))
     })
     .await?;
 
-    // An invalid field → status Error naming the field, nothing else changed.
-    let before: Vec<(String, String)> = daemonsets(admin, namespace)
+    // An invalid field → status Error naming the field, nothing else changed
+    // (no DaemonSet spec: its generation; status moves on with the rollout).
+    let before: Vec<(String, Option<i64>)> = daemonsets(admin, namespace)
         .await?
         .iter()
-        .map(|d| (d.name_any(), d.resource_version().unwrap_or_default()))
+        .map(|d| (d.name_any(), d.metadata.generation))
         .collect();
     apply_policy(
         admin,
         "cluster-policy",
-        serde_json::json!({
+        mode.spec(serde_json::json!({
             "driver": { "enabled": true },
             "dcgmExporter": { "enabled": false },
             "migManager": { "enabled": true },
             "mig": { "strategy": "sideways" },
-        }),
+        })),
     )
     .await?;
     wait_policy(
@@ -447,10 +520,10 @@ async fn scenarios(
         |p| has_condition(p, "Error", "mig.strategy"),
     )
     .await?;
-    let after: Vec<(String, String)> = daemonsets(admin, namespace)
+    let after: Vec<(String, Option<i64>)> = daemonsets(admin, namespace)
         .await?
         .iter()
-        .map(|d| (d.name_any(), d.resource_version().unwrap_or_default()))
+        .map(|d| (d.name_any(), d.metadata.generation))
         .collect();
     ensure!(
         before == after,
@@ -476,11 +549,11 @@ async fn scenarios(
     apply_policy(
         admin,
         "cluster-policy",
-        serde_json::json!({
+        mode.spec(serde_json::json!({
             "driver": { "enabled": true, "version": "550.127.05" },
             "dcgmExporter": { "enabled": false },
             "migManager": { "enabled": true },
-        }),
+        })),
     )
     .await?;
     let refused = wait_policy(
@@ -519,11 +592,11 @@ async fn scenarios(
     apply_policy(
         admin,
         "cluster-policy",
-        serde_json::json!({
+        mode.spec(serde_json::json!({
             "driver": { "enabled": true, "version": "550.127.05" },
             "dcgmExporter": { "enabled": true },
             "migManager": { "enabled": true },
-        }),
+        })),
     )
     .await?;
     leader.sigkill();
@@ -531,12 +604,8 @@ async fn scenarios(
         Ok((metric(standby, "gpu_stack_operator_leader").await == Some(1.0)).then_some(()))
     })
     .await?;
-    wait_for("dcgm-exporter back after failover", LONG, || async {
-        Ok(daemonsets(admin, namespace)
-            .await?
-            .iter()
-            .any(|d| d.name_any() == exporter)
-            .then_some(()))
+    wait_for("the exporter back after failover", LONG, || async {
+        Ok(runs_exporter(&daemonsets(admin, namespace).await?, mode).then_some(()))
     })
     .await?;
     // No duplicates or orphans: every DaemonSet is owned and names are unique.
@@ -849,6 +918,11 @@ fn floor_objects(kind: FloorPods, operands: &[DaemonSet]) -> Result<Vec<serde_js
             )?,
         };
         template["spec"]["nodeSelector"] = serde_json::json!({NFD_NVIDIA_PCI_LABEL: "true"});
+        // The node agent selects by affinity on deploy labels, which the
+        // floor's nodes lack: the NFD selector alone decides here.
+        if let Some(pod) = template["spec"].as_object_mut() {
+            pod.remove("affinity");
+        }
         if let Some(account) = template["spec"]["serviceAccountName"].as_str() {
             out.push(serde_json::json!({
                 "apiVersion": "v1", "kind": "ServiceAccount",
