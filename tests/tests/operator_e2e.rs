@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use gpu_stack_core::nodeagent::binary_name;
+use gpu_stack_core::nodeagent::{HOSTED, parse_segments};
 use gpu_stack_core::operator::components::Component;
 use gpu_stack_core::operator::labels::apply_patch;
 use gpu_stack_e2e::binaries::workspace_binary;
@@ -21,7 +21,7 @@ use gpu_stack_e2e::chart::{
 };
 use gpu_stack_e2e::upgrade::force_delete_policy;
 use gpu_stack_e2e::{
-    GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, unique_suffix, wait_for,
+    E2eError, GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, unique_suffix, wait_for,
 };
 use gpu_stack_k8s::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
 use gpu_stack_k8s::cluster::selector::pod_selects_node;
@@ -195,11 +195,23 @@ async fn daemonsets(client: &Client, namespace: &str) -> Result<Vec<DaemonSet>, 
         .items)
 }
 
+/// Each DaemonSet's name and generation (which only a spec change moves).
+async fn generations(
+    client: &Client,
+    namespace: &str,
+) -> Result<Vec<(String, Option<i64>)>, kube::Error> {
+    Ok(daemonsets(client, namespace)
+        .await?
+        .iter()
+        .map(|d| (d.name_any(), d.metadata.generation))
+        .collect())
+}
+
 /// The DaemonSet that runs the device plugin: its own, or the node agent's.
 fn device_plugin_ds(all: &[DaemonSet]) -> Option<String> {
     all.iter()
         .map(ResourceExt::name_any)
-        .find(|n| n.contains("device-plugin") || n == NODE_AGENT_NAME)
+        .find(|n| n == Component::DevicePlugin.daemonset_name() || n == NODE_AGENT_NAME)
 }
 
 async fn apply_policy(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
@@ -257,20 +269,46 @@ impl Mode {
     }
 }
 
-/// Whether the operands include the exporter: its own DaemonSet, or its
-/// segment on the node agent's command line.
-fn runs_exporter(all: &[DaemonSet], mode: Mode) -> bool {
-    match mode {
-        Mode::Separate => all.iter().any(|d| d.name_any().contains("dcgm-exporter")),
-        Mode::NodeAgent => all
+/// Where the components the node agent can host run: in their own
+/// DaemonSets, or on the node agent's command line (read with the agent's
+/// own parser).
+#[derive(Debug)]
+struct Hosted {
+    own: Vec<Component>,
+    in_agent: Vec<Component>,
+}
+
+impl Hosted {
+    fn of(all: &[DaemonSet]) -> Result<Self, E2eError> {
+        let own = HOSTED
+            .iter()
+            .map(|(c, _)| *c)
+            .filter(|c| all.iter().any(|d| d.name_any() == c.daemonset_name()))
+            .collect();
+        let mut in_agent = Vec::new();
+        let agent_containers = all
             .iter()
             .filter(|d| d.name_any() == NODE_AGENT_NAME)
             .flat_map(|d| d.spec.iter())
             .flat_map(|s| s.template.spec.iter())
-            .flat_map(|p| p.containers.iter())
-            .flat_map(|c| c.args.iter().flatten())
-            .any(|a| Some(a.as_str()) == binary_name(Component::DcgmExporter)),
+            .flat_map(|p| p.containers.iter());
+        for c in agent_containers {
+            let args = c.args.clone().unwrap_or_default();
+            let segments = parse_segments(&args)
+                .map_err(|e| E2eError::Check(format!("{NODE_AGENT_NAME} command line: {e}")))?;
+            in_agent.extend(segments.into_iter().map(|s| s.component));
+        }
+        Ok(Self { own, in_agent })
     }
+
+    fn runs(&self, c: Component) -> bool {
+        self.own.contains(&c) || self.in_agent.contains(&c)
+    }
+}
+
+/// Whether the operands in `namespace` include the exporter.
+async fn runs_exporter(client: &Client, namespace: &str) -> Result<bool, E2eError> {
+    Ok(Hosted::of(&daemonsets(client, namespace).await?)?.runs(Component::DcgmExporter))
 }
 
 /// The node contract in both modes, one after the other (a ClusterPolicy is
@@ -370,29 +408,16 @@ async fn scenarios(
     let ds_all = daemonsets(admin, namespace).await?;
     ensure!(!ds_all.is_empty(), "no DaemonSets in {namespace}");
     // The hosted components have no DaemonSet of their own in the combined
-    // mode, and the node agent none in the other.
-    let names: Vec<String> = ds_all.iter().map(ResourceExt::name_any).collect();
-    let hosted_own = [
-        "device-plugin",
-        "feature-discovery",
-        "dcgm-exporter",
-        "mig-manager",
-    ];
-    let own = names
-        .iter()
-        .filter(|n| hosted_own.iter().any(|h| n.contains(h)))
-        .count();
-    match mode {
-        Mode::Separate => ensure!(
-            own == hosted_own.len() && !names.iter().any(|n| n == NODE_AGENT_NAME),
-            "DaemonSets {names:?}"
-        ),
-        Mode::NodeAgent => ensure!(
-            own == 0 && names.iter().any(|n| n == NODE_AGENT_NAME),
-            "DaemonSets {names:?}: the hosted components run in {NODE_AGENT_NAME}"
-        ),
-    }
-    ensure!(runs_exporter(&ds_all, mode), "no exporter in {names:?}");
+    // mode, and the node agent hosts none in the other.
+    let hosted = Hosted::of(&ds_all)?;
+    let (own, in_agent) = match mode {
+        Mode::Separate => (HOSTED.len(), 0),
+        Mode::NodeAgent => (0, HOSTED.len()),
+    };
+    ensure!(
+        hosted.own.len() == own && hosted.in_agent.len() == in_agent,
+        "{mode:?}: hosted components {hosted:?}"
+    );
     let plugin = device_plugin_ds(&ds_all).ok_or_else(|| anyhow!("no device-plugin DaemonSet"))?;
     let mut expected = gpu_names.clone();
     expected.sort();
@@ -491,17 +516,13 @@ async fn scenarios(
     )
     .await?;
     wait_for("the exporter removed", LONG, || async {
-        Ok((!runs_exporter(&daemonsets(admin, namespace).await?, mode)).then_some(()))
+        Ok((!runs_exporter(admin, namespace).await?).then_some(()))
     })
     .await?;
 
     // An invalid field → status Error naming the field, nothing else changed
     // (no DaemonSet spec: its generation; status moves on with the rollout).
-    let before: Vec<(String, Option<i64>)> = daemonsets(admin, namespace)
-        .await?
-        .iter()
-        .map(|d| (d.name_any(), d.metadata.generation))
-        .collect();
+    let before = generations(admin, namespace).await?;
     apply_policy(
         admin,
         "cluster-policy",
@@ -520,11 +541,7 @@ async fn scenarios(
         |p| has_condition(p, "Error", "mig.strategy"),
     )
     .await?;
-    let after: Vec<(String, Option<i64>)> = daemonsets(admin, namespace)
-        .await?
-        .iter()
-        .map(|d| (d.name_any(), d.metadata.generation))
-        .collect();
+    let after = generations(admin, namespace).await?;
     ensure!(
         before == after,
         "DaemonSets changed under an invalid policy"
@@ -605,7 +622,7 @@ async fn scenarios(
     })
     .await?;
     wait_for("the exporter back after failover", LONG, || async {
-        Ok(runs_exporter(&daemonsets(admin, namespace).await?, mode).then_some(()))
+        Ok(runs_exporter(admin, namespace).await?.then_some(()))
     })
     .await?;
     // No duplicates or orphans: every DaemonSet is owned and names are unique.
