@@ -1,6 +1,6 @@
 //! The combined node agent (`gpu-node-agent`): one process on a GPU node that
-//! runs the device plugin, GFD, the metrics exporter and the MIG manager, in
-//! place of one pod each.
+//! runs the device plugin, GFD, the metrics exporter, the MIG manager and the
+//! validator, in place of one pod each.
 //!
 //! NVIDIA's node contract is kept by running each hosted component exactly
 //! while its `nvidia.com/gpu.deploy.<component>` label is `true`: the
@@ -8,6 +8,12 @@
 //! label paused by the MIG manager (`paused-for-mig-change`) or the driver
 //! upgrade stops that component in the process; the MIG manager waits for the
 //! stop to finish as it waits for a separate pod to leave.
+//!
+//! With the validator hosted, the init containers' gates run in the process
+//! too: each component starts once its gates have passed (the validator's
+//! checks write the status files, as its pod's init chain does), and the
+//! agent is ready while every component that should run is up
+//! ([`ready`]), which is what the validator pod's readiness said before.
 //!
 //! The command line names each component by its binary, followed by that
 //! binary's own flags:
@@ -36,12 +42,26 @@ use crate::echo;
 use crate::operator::components::Component;
 
 /// The components the node agent can host, with the binary each replaces.
-pub const HOSTED: [(Component, &str); 4] = [
+/// The validator is `gpu-stack validator`, so its segment is named by the
+/// subcommand.
+pub const HOSTED: [(Component, &str); 5] = [
     (Component::DevicePlugin, "gpu-device-plugin"),
     (Component::GpuFeatureDiscovery, "gpu-feature-discovery"),
     (Component::DcgmExporter, "gpu-exporter"),
     (Component::MigManager, "gpu-mig-manager"),
+    (Component::OperatorValidator, "validator"),
 ];
+
+/// The `app` label of the agent's pods (and the name of its DaemonSet).
+pub const NODE_AGENT_APP: &str = "gpu-stack-node-agent";
+
+/// Where the agent keeps a file that exists while it is [`ready`] (inside
+/// its container: the readiness probe, `gpu-node-agent --check-ready`,
+/// looks for it).
+pub const READY_FILE: &str = "/tmp/gpu-node-agent.ready";
+
+/// The agent's flag that checks [`READY_FILE`] and exits (its readiness probe).
+pub const CHECK_READY_FLAG: &str = "--check-ready";
 
 /// Separator between components on the command line.
 pub const SEPARATOR: &str = "--";
@@ -170,6 +190,25 @@ pub fn wanted(labels: &BTreeMap<String, String>, hosted: &[Component]) -> BTreeS
         .collect()
 }
 
+/// Whether the agent runs its components' gates itself: exactly when it
+/// hosts the validator, whose checks write the status files the gates wait
+/// for. Otherwise the pod's init containers ran them before the agent started.
+pub fn gates_in_process(hosted: &[Component]) -> bool {
+    hosted.contains(&Component::OperatorValidator)
+}
+
+/// Whether the agent is ready: every component that should run on a node
+/// with these labels is `up` (started, past its gates; the validator once
+/// its checks have passed). A paused component is not waited for, as its
+/// own DaemonSet would not count its pod.
+pub fn ready(
+    labels: &BTreeMap<String, String>,
+    hosted: &[Component],
+    up: &BTreeSet<Component>,
+) -> bool {
+    wanted(labels, hosted).is_subset(up)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +233,9 @@ mod tests {
             "--",
             "gpu-mig-manager",
             "--config-file=/c.yaml",
+            "--",
+            "validator",
+            "--host-root=/host",
         ]);
         let s = parse_segments(&args).unwrap();
         let components: Vec<Component> = s.iter().map(|s| s.component).collect();
@@ -245,7 +287,26 @@ mod tests {
     fn only_hosted_components_have_a_binary() {
         assert_eq!(binary_name(Component::DcgmExporter), Some("gpu-exporter"));
         assert_eq!(binary_name(Component::Driver), None);
-        assert_eq!(binary_name(Component::OperatorValidator), None);
+        assert_eq!(binary_name(Component::OperatorValidator), Some("validator"));
+        assert_eq!(binary_name(Component::ContainerToolkit), None);
+    }
+
+    #[test]
+    fn the_driver_upgrade_waits_for_the_agent_that_hosts_the_validator() {
+        let selector = crate::operator::upgrade::VALIDATOR_POD_SELECTOR;
+        assert!(selector.contains(NODE_AGENT_APP), "{selector}");
+    }
+
+    #[test]
+    fn the_gates_run_in_the_process_with_the_validator_hosted() {
+        assert!(gates_in_process(&[
+            Component::DevicePlugin,
+            Component::OperatorValidator
+        ]));
+        assert!(!gates_in_process(&[
+            Component::DevicePlugin,
+            Component::MigManager
+        ]));
     }
 
     fn label_value() -> impl Strategy<Value = Option<String>> {
@@ -302,6 +363,34 @@ mod tests {
                 expected.push(Segment { component: HOSTED[i].0, args: seg });
             }
             prop_assert_eq!(parse_segments(&args).unwrap(), expected);
+        }
+
+        /// The agent is ready exactly when each component whose label is
+        /// `true` is up; what is up beyond that changes nothing.
+        #[test]
+        fn ready_means_every_wanted_component_is_up(
+            values in proptest::collection::vec(label_value(), HOSTED.len()),
+            up_mask in proptest::collection::vec(any::<bool>(), HOSTED.len()),
+        ) {
+            let mut labels = BTreeMap::new();
+            for ((c, _), v) in HOSTED.iter().zip(&values) {
+                if let Some(v) = v {
+                    labels.insert(c.deploy_label(), v.clone());
+                }
+            }
+            let hosted: Vec<Component> = HOSTED.iter().map(|(c, _)| *c).collect();
+            let up: BTreeSet<Component> = hosted
+                .iter()
+                .zip(&up_mask)
+                .filter(|(_, u)| **u)
+                .map(|(c, _)| *c)
+                .collect();
+            let expected = hosted
+                .iter()
+                .zip(&values)
+                .zip(&up_mask)
+                .all(|((_, v), u)| *u || v.as_deref() != Some("true"));
+            prop_assert_eq!(ready(&labels, &hosted, &up), expected);
         }
     }
 }

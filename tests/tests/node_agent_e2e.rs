@@ -3,7 +3,10 @@
 //! sockets without a kubelet), GFD, the exporter and the MIG manager in one
 //! process. Each component must run exactly while its deploy label is
 //! `true`, and the hosted MIG manager must wait for the in-process stop of
-//! the clients it pauses before it changes the GPUs.
+//! the clients it pauses before it changes the GPUs. With the validator
+//! hosted, the agent runs the gates itself: nothing starts before the
+//! validator's checks have written the status files it waits for, and the
+//! agent is ready exactly while every component that should run is up.
 use std::collections::BTreeMap;
 use std::net::TcpStream;
 use std::path::Path;
@@ -24,7 +27,14 @@ const DEPLOY_GFD: &str = "nvidia.com/gpu.deploy.gpu-feature-discovery";
 const DEPLOY_EXPORTER: &str = "nvidia.com/gpu.deploy.dcgm-exporter";
 const DEPLOY_MIG: &str = "nvidia.com/gpu.deploy.mig-manager";
 const GFD_PRODUCT: &str = "nvidia.com/gpu.product";
+const DEPLOY_VALIDATOR: &str = "nvidia.com/gpu.deploy.operator-validator";
 const DP_SOCKET: &str = "nvidia-gpu.sock";
+const STATUS_FILES: [&str; 4] = [
+    "driver-ready",
+    "toolkit-ready",
+    "cuda-ready",
+    "plugin-ready",
+];
 
 fn start_node_agent(
     cluster: &TestCluster,
@@ -53,6 +63,8 @@ fn start_node_agent(
         node.into(),
         "--kubeconfig".into(),
         kubeconfig.clone(),
+        "--ready-file".into(),
+        files.dir.join("ready").display().to_string(),
         "--".into(),
         "gpu-device-plugin".into(),
         "--no-register".into(),
@@ -296,5 +308,212 @@ async fn scenario(
             "{name} stopped after the MIG manager began changing the GPUs"
         );
     }
+    Ok(())
+}
+
+/// The agent hosting the device plugin, the exporter and the validator,
+/// whose checks look for the toolkit at `toolkit` and write their status
+/// files under `validations`.
+fn start_validating_agent(
+    cluster: &TestCluster,
+    node: &str,
+    files: &MigFiles,
+    port: u16,
+    toolkit: &Path,
+    validations: &Path,
+) -> Result<AgentProcess> {
+    let log = files.dir.join("node-agent.log");
+    let kubelet_dir = files.dir.join("device-plugins");
+    std::fs::create_dir_all(&kubelet_dir)?;
+    let kubeconfig = cluster.kubeconfig().display().to_string();
+    let path = |p: &Path| p.display().to_string();
+    let backend = [
+        "--backend".to_string(),
+        "simulated".into(),
+        "--fleet".into(),
+        path(&files.fleet),
+        "--sim-state".into(),
+        path(&files.state),
+        "--node".into(),
+        node.to_string(),
+    ];
+    let mut args: Vec<String> = vec![
+        "--node-name".into(),
+        node.into(),
+        "--kubeconfig".into(),
+        kubeconfig.clone(),
+        "--ready-file".into(),
+        path(&files.dir.join("ready")),
+        "--".into(),
+        "gpu-device-plugin".into(),
+        "--no-register".into(),
+        "--kubelet-dir".into(),
+        path(&kubelet_dir),
+    ];
+    args.extend(backend.iter().cloned());
+    args.extend([
+        "--".into(),
+        "gpu-exporter".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--no-pod-attribution".into(),
+    ]);
+    args.extend(backend.iter().cloned());
+    args.extend([
+        "--".into(),
+        "validator".into(),
+        "--component".into(),
+        "driver,toolkit,cuda,plugin".into(),
+        "--wait".into(),
+        "--timeout".into(),
+        "never".into(),
+        "--poll-interval-ms".into(),
+        "200".into(),
+        "--validations-dir".into(),
+        path(validations),
+        "--toolkit-evidence".into(),
+        path(toolkit),
+        "--kubeconfig".into(),
+        kubeconfig,
+    ]);
+    args.extend(backend.iter().cloned());
+    let out = std::fs::File::create(&log)?;
+    let child = Command::new(workspace_binary("gpu-node-agent")?)
+        .args(&args)
+        .env_remove("NODE_NAME")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(out)
+        .spawn()
+        .context("starting gpu-node-agent")?;
+    Ok(AgentProcess::new("gpu-node-agent", child, log))
+}
+
+/// `gpu-node-agent --check-ready`, the readiness probe: whether it passes.
+fn probe_ready(files: &MigFiles) -> Result<bool> {
+    let status = Command::new(workspace_binary("gpu-node-agent")?)
+        .args(["--check-ready", "--ready-file"])
+        .arg(files.dir.join("ready"))
+        .stderr(Stdio::null())
+        .status()?;
+    Ok(status.success())
+}
+
+fn status_files(dir: &Path) -> Vec<String> {
+    STATUS_FILES
+        .iter()
+        .filter(|f| dir.join(f).exists())
+        .map(|f| f.to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_hosted_validator_gates_the_components_and_the_agents_readiness() -> Result<()> {
+    let cluster = TestCluster::attach().await?;
+    let client = cluster.client();
+    let fleet = GpuFleet::new(format!("agentv-{}", unique_suffix()), 1)
+        .with_gpus(2)
+        .with_label(DEPLOY_DP, "true")
+        .with_label(DEPLOY_EXPORTER, "true")
+        .with_label(DEPLOY_VALIDATOR, "true");
+    let names = cluster.create_gpu_nodes(&fleet).await?;
+    let node = names[0].clone();
+    let dir = std::env::temp_dir().join(format!("gpu-stack-node-agentv-{}", unique_suffix()));
+    let files = write_mig_files(&dir, &node, 2, "")?;
+    let toolkit = dir.join("toolkit-installed");
+    let validations = dir.join("validations");
+    let port = free_port()?;
+    let mut agent = start_validating_agent(&cluster, &node, &files, port, &toolkit, &validations)?;
+    let outcome = validator_scenario(&client, &node, &files, port, &toolkit, &validations).await;
+    let stopped = agent.terminate();
+    cluster.delete_nodes(&names).await?;
+    if let Err(err) = outcome {
+        return Err(err.context(format!("--- node agent log ---\n{}", agent.log_tail())));
+    }
+    ensure!(
+        stopped?.success(),
+        "the node agent did not exit cleanly on SIGTERM:\n{}",
+        agent.log_tail()
+    );
+    ensure!(
+        !files.dir.join("ready").exists(),
+        "the ready file outlived the agent"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+async fn validator_scenario(
+    client: &Client,
+    node: &str,
+    files: &MigFiles,
+    port: u16,
+    toolkit: &Path,
+    validations: &Path,
+) -> Result<()> {
+    let socket = files.dir.join("device-plugins").join(DP_SOCKET);
+    // 1. No toolkit yet: the driver check passes, the toolkit check keeps
+    // failing, and what waits for toolkit-ready does not start.
+    wait_true("driver-ready", || validations.join("driver-ready").exists()).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        !validations.join("toolkit-ready").exists(),
+        "toolkit-ready written with no toolkit"
+    );
+    ensure!(
+        !socket.exists(),
+        "the device plugin started before its gate"
+    );
+    ensure!(!exporter_up(port), "the exporter started before its gate");
+    ensure!(!probe_ready(files)?, "ready before the validations passed");
+
+    // 2. The toolkit appears: every check passes, the gated components
+    // start, and the agent becomes ready.
+    std::fs::write(toolkit, b"")?;
+    wait_true("every status file", || {
+        status_files(validations).len() == STATUS_FILES.len()
+    })
+    .await?;
+    wait_true("the device plugin's socket", || socket.exists()).await?;
+    wait_true("the exporter's port", || exporter_up(port)).await?;
+    wait_true("the readiness probe to pass", || {
+        probe_ready(files).unwrap_or(false)
+    })
+    .await?;
+
+    // 3. The validator paused (as for a MIG change): it stops and removes
+    // the status files, as its pod does; the others keep running and the
+    // agent stays ready, as a paused component is not waited for.
+    label_node(client, node, DEPLOY_VALIDATOR, "paused-for-mig-change").await?;
+    wait_true("the status files to go", || {
+        status_files(validations).is_empty()
+    })
+    .await?;
+    ensure!(
+        socket.exists(),
+        "the device plugin stopped with the validator"
+    );
+    ensure!(exporter_up(port), "the exporter stopped with the validator");
+    ensure!(
+        probe_ready(files)?,
+        "not ready while only the validator is paused"
+    );
+
+    // 4. The device plugin stops: the agent is still ready (its label says
+    // it should not run). Back on with the validator, everything returns.
+    label_node(client, node, DEPLOY_DP, "false").await?;
+    wait_true("the device plugin's socket to go", || !socket.exists()).await?;
+    ensure!(probe_ready(files)?, "not ready with nothing wanted missing");
+    label_node(client, node, DEPLOY_VALIDATOR, "true").await?;
+    label_node(client, node, DEPLOY_DP, "true").await?;
+    wait_true("every status file again", || {
+        status_files(validations).len() == STATUS_FILES.len()
+    })
+    .await?;
+    wait_true("the device plugin's socket again", || socket.exists()).await?;
+    wait_true("the readiness probe to pass again", || {
+        probe_ready(files).unwrap_or(false)
+    })
+    .await?;
     Ok(())
 }

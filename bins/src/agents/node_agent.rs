@@ -1,5 +1,5 @@
-//! `gpu-node-agent`: the device plugin, GFD, the metrics exporter and the MIG
-//! manager in one process, each with its own binary's flags:
+//! `gpu-node-agent`: the device plugin, GFD, the metrics exporter, the MIG
+//! manager and the validator in one process, each with its own binary's flags:
 //!
 //! ```text
 //! gpu-node-agent --node-name NODE -- gpu-device-plugin [FLAGS] -- gpu-exporter [FLAGS] ...
@@ -11,18 +11,30 @@
 //! change does; the hosted MIG manager waits for those stops as it waits for
 //! client pods to leave. A component that fails is started again after a
 //! back-off (1 s doubling to 60 s), as the kubelet restarts a container.
+//!
+//! With the validator hosted, each component first passes the gates its own
+//! pod's init containers would have run (the validator's checks with its
+//! flags, or a wait for their status files), and the agent keeps a file
+//! that exists while every component that should run is up: its readiness
+//! probe is `gpu-node-agent --check-ready`.
 //! What runs where is decided in `gpu_stack_core::nodeagent`.
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use futures::StreamExt;
-use gpu_stack_core::nodeagent::{Segment, parse_segments, wanted};
+use gpu_stack_core::nodeagent::{
+    READY_FILE, Segment, gates_in_process, parse_segments, ready, wanted,
+};
 use gpu_stack_core::operator::components::Component;
+use gpu_stack_core::operator::validation::parse_components;
 use gpu_stack_k8s::deviceplugin::run::{Signal, SignalSource};
+use gpu_stack_k8s::validator::{hold, wait_for_ready};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -33,6 +45,7 @@ use crate::agent::{
     Failure, LogFormat, exit_code, init_logging, kube_client, run_main, shutdown_signal,
 };
 use crate::agents::{device_plugin, exporter, feature_discovery, mig_manager};
+use crate::cli::validator;
 
 /// First wait before a failed component is started again; doubled each
 /// time up to [`MAX_BACKOFF`].
@@ -49,8 +62,14 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 )]
 pub struct Args {
     /// This node's name (whose deploy labels are followed).
-    #[arg(long, env = "NODE_NAME")]
-    node_name: String,
+    #[arg(long, env = "NODE_NAME", required_unless_present = "check_ready")]
+    node_name: Option<String>,
+    /// File that exists while every component that should run is up.
+    #[arg(long, value_name = "FILE", default_value = READY_FILE)]
+    ready_file: PathBuf,
+    /// Run nothing: exit 0 if the ready file exists, 1 if not (the readiness probe).
+    #[arg(long)]
+    check_ready: bool,
     /// Kubeconfig for the node watch (default: in-cluster, then $KUBECONFIG).
     #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
@@ -68,6 +87,7 @@ enum Parsed {
     Gfd(Box<feature_discovery::Args>),
     Exporter(Box<exporter::Args>),
     MigManager(Box<mig_manager::Args>),
+    Validator(Box<validator::HostedArgs>),
 }
 
 /// Parses every component's flags with its own binary's parser; the first
@@ -96,6 +116,16 @@ fn flags(s: &Segment) -> Result<Parsed> {
         }
         Component::DcgmExporter => {
             Parsed::Exporter(Box::new(parse_as(&s.args).with_context(what)?))
+        }
+        Component::OperatorValidator => {
+            let v: validator::HostedArgs = parse_as(&s.args).with_context(what)?;
+            if !v.args.checks_something() {
+                anyhow::bail!(
+                    "{}: the hosted validator runs checks (--component ... --wait); the agent holds and waits itself, so drop --hold and --wait-only",
+                    what()
+                );
+            }
+            Parsed::Validator(Box::new(v))
         }
         _ => Parsed::MigManager(Box::new(parse_as(&s.args).with_context(what)?)),
     })
@@ -158,8 +188,19 @@ fn env_as_flags(cmd: &clap::Command, args: &[String]) -> Vec<String> {
     out
 }
 
-/// The process: logging, then [`supervise`] on the agents' runtime.
+/// The process: logging, then [`supervise`] on the agents' runtime; with
+/// `--check-ready`, only the readiness check.
 pub fn main(args: Args) -> ExitCode {
+    if args.check_ready {
+        if args.ready_file.exists() {
+            return ExitCode::SUCCESS;
+        }
+        eprintln!(
+            "not ready: a component that should run is not up yet ({} is missing)",
+            args.ready_file.display()
+        );
+        return ExitCode::from(1);
+    }
     init_logging(args.log_format);
     run_main(supervise(args))
 }
@@ -178,18 +219,25 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-/// A running component: its stop flag and task.
+/// A running component: its stop flag and task, and whether it is up
+/// (past its gates; the validator, once its checks have passed).
 struct Running {
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), String>>,
     started: tokio::time::Instant,
+    up: Arc<AtomicBool>,
 }
 
+/// Poll interval of a gate that waits for status files (NVIDIA's `sleep 5`).
+const GATE_POLL: Duration = Duration::from_secs(5);
+
 /// Starts one component from its flags (parsed again: each run gets fresh
-/// state, as a restarted container does).
+/// state, as a restarted container does). With `gates` (the hosted
+/// validator's flags), it first passes its gates.
 fn start(
     component: Component,
     args: &[String],
+    gates: Option<&validator::Args>,
     local_clients: &watch::Receiver<BTreeSet<&'static str>>,
 ) -> Result<Running> {
     let (stop, rx) = watch::channel(false);
@@ -198,22 +246,107 @@ fn start(
         args: args.to_vec(),
     })?;
     let local = local_clients.clone();
+    let up = Arc::new(AtomicBool::new(false));
+    let is_up = up.clone();
+    let gates = gates
+        .filter(|_| component != Component::OperatorValidator)
+        .cloned();
     let task = tokio::spawn(async move {
-        let result = match parsed {
-            Parsed::DevicePlugin(a) => device_plugin::serve_until(*a, StopSignals(rx)).await,
-            Parsed::Gfd(a) => feature_discovery::label_until(*a, stopped(rx)).await,
-            Parsed::Exporter(a) => exporter::run_until(*a, std::time::Instant::now(), stopped(rx))
-                .await
-                .map_err(|f| anyhow::anyhow!("{:#} (exit code {})", f.error(), f.code())),
-            Parsed::MigManager(a) => mig_manager::manage_until(*a, stopped(rx), Some(local)).await,
-        };
+        let result = async {
+            if let Some(v) = gates {
+                tokio::select! {
+                    passed = pass_gates(component, &v) => passed?,
+                    () = stopped(rx.clone()) => return Ok(()),
+                }
+            }
+            if !matches!(parsed, Parsed::Validator(_)) {
+                is_up.store(true, Ordering::Release);
+            }
+            match parsed {
+                Parsed::DevicePlugin(a) => device_plugin::serve_until(*a, StopSignals(rx)).await,
+                Parsed::Gfd(a) => feature_discovery::label_until(*a, stopped(rx)).await,
+                Parsed::Exporter(a) => {
+                    exporter::run_until(*a, std::time::Instant::now(), stopped(rx))
+                        .await
+                        .map_err(|f| anyhow::anyhow!("{:#} (exit code {})", f.error(), f.code()))
+                }
+                Parsed::MigManager(a) => {
+                    mig_manager::manage_until(*a, stopped(rx), Some(local)).await
+                }
+                Parsed::Validator(a) => validate_and_hold(a.args, &is_up, rx).await,
+            }
+        }
+        .await;
         result.map_err(|e| format!("{e:#}"))
     });
     Ok(Running {
         stop,
         task,
         started: tokio::time::Instant::now(),
+        up,
     })
+}
+
+/// Passes `component`'s gates as its own pod's init containers would: the
+/// validator's checks (with its flags) for a check gate, a wait for the
+/// status files for a wait gate.
+async fn pass_gates(component: Component, validator_args: &validator::Args) -> Result<()> {
+    for gate in component.gates() {
+        match gate.validator_component() {
+            Some(checks) => {
+                validator::checks(validator_args.checking(checks))
+                    .await?
+                    .run()
+                    .await?
+            }
+            None => {
+                let files = parse_components(gate.status_component())?;
+                wait_for_ready(
+                    validator_args.validations_dir(),
+                    &files,
+                    Duration::MAX,
+                    GATE_POLL,
+                )
+                .await?
+            }
+        }
+        tracing::info!(component = %component, gate = gate.container_name(), "gate passed");
+    }
+    Ok(())
+}
+
+/// The hosted validator: its checks in order (each writing its status file),
+/// then up until stopped, when it removes the status files as its pod does.
+async fn validate_and_hold(
+    args: validator::Args,
+    up: &AtomicBool,
+    stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let checks = validator::checks(args).await?;
+    tokio::select! {
+        passed = checks.run() => passed?,
+        () = stopped(stop.clone()) => return Ok(()),
+    }
+    up.store(true, Ordering::Release);
+    hold(&checks.options.dir, stopped(stop)).await?;
+    Ok(())
+}
+
+/// Keeps the ready file in step with `is_ready` (created empty, removed);
+/// a failure is logged, and the probe then reports what the file says.
+fn set_ready_file(path: &Path, is_ready: bool) {
+    let result = if is_ready {
+        std::fs::write(path, b"")
+    } else {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    };
+    match result {
+        Ok(()) => tracing::info!(ready = is_ready, file = %path.display(), "readiness changed"),
+        Err(err) => tracing::warn!(file = %path.display(), %err, "cannot update the ready file"),
+    }
 }
 
 /// One hosted component's state in the supervisor.
@@ -228,6 +361,7 @@ struct Slot {
 /// Runs the components as the node's labels say until SIGTERM, then stops
 /// them all.
 pub async fn supervise(args: Args) -> Result<(), Failure> {
+    let node_name = args.node_name.clone().context("--node-name is required")?;
     let segments = parse_segments(&args.components).map_err(exit_code(2))?;
     let parsed = parse(&segments)?;
     let client = kube_client(args.kubeconfig.as_deref()).await?;
@@ -243,10 +377,29 @@ pub async fn supervise(args: Args) -> Result<(), Failure> {
         })
         .collect();
     let hosted: Vec<Component> = slots.iter().map(|s| s.component).collect();
-    tracing::info!(node = %args.node_name, components = ?hosted, "node agent started");
+    // With the validator hosted, the gates run here, with its flags.
+    let gates: Option<validator::Args> = if gates_in_process(&hosted) {
+        slots
+            .iter()
+            .find(|s| s.component == Component::OperatorValidator)
+            .and_then(|s| {
+                match flags(&Segment {
+                    component: s.component,
+                    args: s.args.clone(),
+                }) {
+                    Ok(Parsed::Validator(v)) => Some(v.args),
+                    _ => None,
+                }
+            })
+    } else {
+        None
+    };
+    tracing::info!(node = %node_name, components = ?hosted, gates_in_process = gates.is_some(), "node agent started");
+    set_ready_file(&args.ready_file, false);
+    let mut was_ready = false;
 
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(client);
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={}", args.node_name));
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
     let mut changes = watcher(nodes, cfg)
         .default_backoff()
         .applied_objects()
@@ -270,7 +423,28 @@ pub async fn supervise(args: Args) -> Result<(), Failure> {
         let want = wanted(labels, &hosted);
         for slot in &mut slots {
             let run = want.contains(&slot.component);
-            reconcile(slot, run, "deploy label is not true", &clients_rx).await;
+            reconcile(
+                slot,
+                run,
+                "deploy label is not true",
+                gates.as_ref(),
+                &clients_rx,
+            )
+            .await;
+        }
+        let up: BTreeSet<Component> = slots
+            .iter()
+            .filter(|s| {
+                s.running
+                    .as_ref()
+                    .is_some_and(|r| r.up.load(Ordering::Acquire))
+            })
+            .map(|s| s.component)
+            .collect();
+        let now_ready = ready(labels, &hosted, &up);
+        if now_ready != was_ready {
+            set_ready_file(&args.ready_file, now_ready);
+            was_ready = now_ready;
         }
         let running: BTreeSet<&'static str> = slots
             .iter()
@@ -283,8 +457,9 @@ pub async fn supervise(args: Args) -> Result<(), Failure> {
             changed
         });
     }
+    set_ready_file(&args.ready_file, false);
     for slot in &mut slots {
-        reconcile(slot, false, "shutting down", &clients_rx).await;
+        reconcile(slot, false, "shutting down", gates.as_ref(), &clients_rx).await;
     }
     tracing::info!("node agent stopped");
     Ok(())
@@ -296,6 +471,7 @@ async fn reconcile(
     slot: &mut Slot,
     want: bool,
     why: &str,
+    gates: Option<&validator::Args>,
     local_clients: &watch::Receiver<BTreeSet<&'static str>>,
 ) {
     let name = slot.component.deploy_label_suffix();
@@ -330,7 +506,7 @@ async fn reconcile(
             {
                 return;
             }
-            match start(slot.component, &slot.args, local_clients) {
+            match start(slot.component, &slot.args, gates, local_clients) {
                 Ok(r) => {
                     tracing::info!(component = name, "deploy label is true: started");
                     slot.running = Some(r);
@@ -402,6 +578,46 @@ mod tests {
     }
 
     #[test]
+    fn the_hosted_validator_runs_checks_and_nothing_else() {
+        let segment = |args: &[&str]| Segment {
+            component: Component::OperatorValidator,
+            args: strings(args),
+        };
+        let checks = flags(&segment(&[
+            "validator",
+            "--component",
+            "driver,toolkit,cuda,plugin",
+            "--wait",
+            "--host-root",
+            "/host",
+        ]));
+        assert!(matches!(checks, Ok(Parsed::Validator(_))));
+        for refused in ["--hold", "--wait-only"] {
+            let err = flags(&segment(&["validator", "--component", "driver", refused]))
+                .err()
+                .map(|e| format!("{e:#}"))
+                .unwrap_or_default();
+            assert!(
+                err.contains("drop --hold and --wait-only"),
+                "{refused}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_ready_file_follows_readiness() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ready");
+        set_ready_file(&file, true);
+        assert!(file.exists());
+        set_ready_file(&file, false);
+        assert!(!file.exists());
+        // Not there already: nothing to do, no error.
+        set_ready_file(&file, false);
+        assert!(!file.exists());
+    }
+
+    #[test]
     fn only_leading_assignments_are_variables() {
         let cmd = exporter::Args::command();
         // A value that looks like an assignment after a flag is the flag's.
@@ -420,6 +636,7 @@ mod tests {
             feature_discovery::Args::command(),
             exporter::Args::command(),
             mig_manager::Args::command(),
+            validator::HostedArgs::command(),
         ] {
             for arg in cmd.get_arguments().filter(|a| a.get_env().is_some()) {
                 assert!(

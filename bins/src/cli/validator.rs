@@ -30,7 +30,7 @@ use crate::agent::{kube_client, shutdown_signal};
 use crate::backend_flags::BackendArgs;
 
 /// Flags of `gpu-stack validator`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     #[command(flatten)]
     backend: BackendArgs,
@@ -123,6 +123,103 @@ impl std::str::FromStr for Timeout {
     }
 }
 
+/// The validator as the node agent hosts it: `validator [FLAGS]`, the flags
+/// of `gpu-stack validator` (checks only: the agent holds and waits itself).
+#[derive(clap::Parser, Debug)]
+#[command(name = "validator")]
+pub struct HostedArgs {
+    #[command(flatten)]
+    pub args: Args,
+}
+
+/// What a check run needs: the checks in order, their options and sources.
+pub struct Checks {
+    /// The components to check, in order.
+    pub components: Vec<ValidationComponent>,
+    /// Directory, driver root, toolkit evidence, wait and poll.
+    pub options: ValidatorOptions,
+    /// The GPUs and, for the plugin check, the API.
+    pub sources: Sources,
+}
+
+impl Checks {
+    /// Runs every check in order, writing each status file as it passes.
+    pub async fn run(&self) -> Result<(), ValidatorError> {
+        for c in &self.components {
+            let path = validate(*c, &self.options, &self.sources).await?;
+            tracing::info!(component = %c, "ready: wrote {}", path.display());
+        }
+        Ok(())
+    }
+}
+
+/// The checks `args` asks for (`--component`, with `--wait`'s timeout).
+pub async fn checks(args: Args) -> Result<Checks> {
+    // clap requires --component unless --hold.
+    let components = parse_components(args.component.as_deref().unwrap_or_default())?;
+    let poll = Duration::from_millis(args.poll_interval_ms.max(1));
+    let sources = Sources {
+        gpus: gpu_source(args.backend.clone()),
+        kube: if components.contains(&ValidationComponent::Plugin) {
+            kube_client(args.kubeconfig.as_deref())
+                .await
+                .map_err(|e| format!("{e:#}"))
+        } else {
+            Err("not needed".into())
+        },
+    };
+    let toolkit_evidence = if args.toolkit_evidence.is_empty() {
+        DEFAULT_TOOLKIT_EVIDENCE.iter().map(PathBuf::from).collect()
+    } else {
+        args.toolkit_evidence
+    };
+    let options = ValidatorOptions {
+        dir: args.validations_dir,
+        driver_root: DriverRoot {
+            host_path: args.driver_root,
+        },
+        toolkit_evidence,
+        toolkit_runtime: match (args.toolkit_cri_socket, args.toolkit_cdi_spec) {
+            (Some(cri_socket), Some(cdi_spec)) => Some(RuntimeCheck {
+                host_root: args.host_root,
+                cri_socket,
+                cdi_spec,
+                runtime_handler: args.toolkit_runtime_class,
+            }),
+            _ => None,
+        },
+        cuda_required: args.cuda_version,
+        node: args.backend.node.clone(),
+        wait: args.wait.then_some(args.timeout.limit()),
+        poll,
+    };
+    Ok(Checks {
+        components,
+        options,
+        sources,
+    })
+}
+
+impl Args {
+    /// Whether these flags ask for checks (not `--hold` or `--wait-only`).
+    pub fn checks_something(&self) -> bool {
+        !self.hold && !self.wait_only
+    }
+
+    /// The same flags checking `components` (a `--component` value) instead.
+    pub fn checking(&self, components: &str) -> Args {
+        Args {
+            component: Some(components.to_string()),
+            ..self.clone()
+        }
+    }
+
+    /// The directory of the status files.
+    pub fn validations_dir(&self) -> &std::path::Path {
+        &self.validations_dir
+    }
+}
+
 /// Runs the checks; exit 0 when all pass, 1 when one fails (nothing written for it).
 pub fn run(args: Args) -> Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -137,14 +234,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         });
     }
-    // clap requires --component unless --hold.
-    let components = parse_components(args.component.as_deref().unwrap_or_default())?;
-    let poll = Duration::from_millis(args.poll_interval_ms.max(1));
-    let timeout = args.timeout.limit();
     rt.block_on(async move {
         if args.wait_only {
+            let components = parse_components(args.component.as_deref().unwrap_or_default())?;
+            let poll = Duration::from_millis(args.poll_interval_ms.max(1));
             return Ok(
-                match wait_for_ready(&args.validations_dir, &components, timeout, poll).await {
+                match wait_for_ready(
+                    &args.validations_dir,
+                    &components,
+                    args.timeout.limit(),
+                    poll,
+                )
+                .await
+                {
                     Ok(()) => {
                         println!("ready: {}", names(&components));
                         ExitCode::SUCCESS
@@ -153,43 +255,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 },
             );
         }
-        let sources = Sources {
-            gpus: gpu_source(args.backend.clone()),
-            kube: if components.contains(&ValidationComponent::Plugin) {
-                kube_client(args.kubeconfig.as_deref())
-                    .await
-                    .map_err(|e| format!("{e:#}"))
-            } else {
-                Err("not needed".into())
-            },
-        };
-        let toolkit_evidence = if args.toolkit_evidence.is_empty() {
-            DEFAULT_TOOLKIT_EVIDENCE.iter().map(PathBuf::from).collect()
-        } else {
-            args.toolkit_evidence
-        };
-        let options = ValidatorOptions {
-            dir: args.validations_dir,
-            driver_root: DriverRoot {
-                host_path: args.driver_root,
-            },
-            toolkit_evidence,
-            toolkit_runtime: match (args.toolkit_cri_socket, args.toolkit_cdi_spec) {
-                (Some(cri_socket), Some(cdi_spec)) => Some(RuntimeCheck {
-                    host_root: args.host_root,
-                    cri_socket,
-                    cdi_spec,
-                    runtime_handler: args.toolkit_runtime_class,
-                }),
-                _ => None,
-            },
-            cuda_required: args.cuda_version,
-            node: args.backend.node.clone(),
-            wait: args.wait.then_some(timeout),
-            poll,
-        };
-        for c in components {
-            match validate(c, &options, &sources).await {
+        let checks = checks(args).await?;
+        for c in &checks.components {
+            match validate(*c, &checks.options, &checks.sources).await {
                 Ok(path) => println!("{c} ready: wrote {}", path.display()),
                 Err(err) => return Ok(fail(&err)),
             }

@@ -78,8 +78,10 @@ pub const REQUESTOR_MODE_ANNOTATION: &str = "nvidia.com/gpu-driver-upgrade-reque
 /// Node annotation written by this pass (not by NVIDIA): `<state>@<unix seconds>`,
 /// when the node entered its current state.
 pub const STATE_START_TIME_ANNOTATION: &str = "nvidia.com/gpu-driver-upgrade-state-start-time";
-/// Pods the validation state waits for (`WithValidationEnabled` in the GPU operator).
-pub const VALIDATOR_POD_SELECTOR: &str = "app=nvidia-operator-validator";
+/// Pods the validation state waits for (`WithValidationEnabled` in the GPU
+/// operator): the validator's, and the node agent's, which hosts the
+/// validator with `nodeAgent.enabled` and is Ready once its checks passed.
+pub const VALIDATOR_POD_SELECTOR: &str = "app in (nvidia-operator-validator,gpu-stack-node-agent)";
 /// Seconds a node may wait for the validator before the upgrade fails (NVIDIA's constant).
 pub const VALIDATION_TIMEOUT_SECONDS: u64 = 600;
 /// A driver pod container that restarted more often than this and is not
@@ -704,7 +706,7 @@ impl DriverPodObservation {
     }
 }
 
-/// The validator pods (`app=nvidia-operator-validator`) on a node.
+/// The validator pods ([`VALIDATOR_POD_SELECTOR`]) on a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ValidatorStatus {

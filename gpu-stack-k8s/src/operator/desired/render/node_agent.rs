@@ -8,14 +8,20 @@
 //! its meaning through the node affinity: the pod runs where any hosted
 //! component's deploy label is `true`, and the agent runs each component
 //! exactly while its own label is.
+//!
+//! With the validator hosted, its check chain is the validator's part of
+//! the command line and the agent runs every gate itself, so the pod has no
+//! init containers; its readiness probe asks the agent whether every
+//! component that should run is up, which includes the validator's checks
+//! having passed (what the validator pod's readiness said).
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpu_stack_core::nodeagent::{SEPARATOR, binary_name};
+use gpu_stack_core::nodeagent::{CHECK_READY_FLAG, SEPARATOR, binary_name, gates_in_process};
 use gpu_stack_core::operator::components::{Component, Gate};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, ServiceAccount, Volume, VolumeMount,
+    Affinity, Container, EnvVar, ExecAction, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, Probe, ServiceAccount, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 
@@ -27,7 +33,10 @@ use crate::cluster::object::Object;
 
 /// Name of the node agent's DaemonSet, ServiceAccount and ClusterRole (and
 /// the `app` label of its pods).
-pub const NODE_AGENT_NAME: &str = "gpu-stack-node-agent";
+pub const NODE_AGENT_NAME: &str = gpu_stack_core::nodeagent::NODE_AGENT_APP;
+
+/// The agent's binary in its image (the readiness probe runs it).
+pub const NODE_AGENT_BIN: &str = "/usr/bin/gpu-node-agent";
 
 /// The value of the component label on the node agent's objects.
 pub const NODE_AGENT_COMPONENT: &str = "node-agent";
@@ -131,25 +140,33 @@ fn combined_daemonset(ctx: &RenderContext, parts: &[(Component, DaemonSet)]) -> 
         labels.insert(COMPONENT_LABEL.into(), NODE_AGENT_COMPONENT.into());
     }
     let pod = spec.template.spec.as_mut()?;
+    let hosted: Vec<Component> = parts.iter().map(|(c, _)| *c).collect();
+    let in_process = gates_in_process(&hosted);
+    // Each component's container; the validator's is its check chain (its
+    // pod's init container), which is what the agent runs for it before
+    // holding, instead of the pod's holding container.
     let mains: Vec<(Component, &Container)> = parts
         .iter()
         .filter_map(|(c, d)| {
-            let main = d
-                .spec
-                .as_ref()?
-                .template
-                .spec
-                .as_ref()?
-                .containers
-                .first()?;
+            let pod = d.spec.as_ref()?.template.spec.as_ref()?;
+            let main = if *c == Component::OperatorValidator {
+                pod.init_containers.as_ref()?.first()?
+            } else {
+                pod.containers.first()?
+            };
             Some((*c, main))
         })
         .collect();
 
     // Init gates: every component's, each once, in the contract's order
-    // (a driver check before the toolkit wait).
+    // (a driver check before the toolkit wait); none when the agent runs
+    // them itself.
     let gates: BTreeSet<Gate> = parts.iter().flat_map(|(c, _)| c.gates()).copied().collect();
-    let init = gate_containers(ctx, &gates.into_iter().collect::<Vec<_>>());
+    let init = if in_process {
+        Vec::new()
+    } else {
+        gate_containers(ctx, &gates.into_iter().collect::<Vec<_>>())
+    };
 
     // The environment every component has alike is the container's; the
     // rest goes on each component's command line as `NAME=VALUE`, which the
@@ -186,23 +203,37 @@ fn combined_daemonset(ctx: &RenderContext, parts: &[(Component, DaemonSet)]) -> 
                 _ => {}
             }
         }
-        args.extend(main.args.iter().flatten().cloned());
+        // The validator's check chain starts with its subcommand, the
+        // segment's name.
+        let own = main.args.iter().flatten();
+        let skip = usize::from(*c == Component::OperatorValidator);
+        args.extend(own.skip(skip).cloned());
+        if *c == Component::OperatorValidator
+            && let Some(user) = ctx.spec().component(*c)
+        {
+            args.extend(user.args.iter().cloned());
+        }
     }
     if let Some(n) = &ctx.spec().node_agent {
         merge_env(&mut container_env, &n.env);
     }
 
-    // Mounts: each path once, writable if any component writes there.
+    // Mounts: each path once, writable if any component writes there, with
+    // the strongest propagation any asks for.
     let mut mounts: Vec<VolumeMount> = Vec::new();
     for m in mains
         .iter()
         .flat_map(|(_, c)| c.volume_mounts.iter().flatten())
     {
         match mounts.iter_mut().find(|x| x.mount_path == m.mount_path) {
-            Some(x) if x.read_only == Some(true) && m.read_only != Some(true) => {
-                x.read_only = None;
+            Some(x) => {
+                if x.read_only == Some(true) && m.read_only != Some(true) {
+                    x.read_only = None;
+                }
+                if propagation_rank(m) > propagation_rank(x) {
+                    x.mount_propagation = m.mount_propagation.clone();
+                }
             }
-            Some(_) => {}
             None => mounts.push(m.clone()),
         }
     }
@@ -280,7 +311,24 @@ fn combined_daemonset(ctx: &RenderContext, parts: &[(Component, DaemonSet)]) -> 
         resources: section_resources(ctx.spec().node_agent.as_ref()),
         volume_mounts: Some(mounts),
         security_context: if privileged_any { privileged() } else { None },
+        readiness_probe: in_process.then(|| Probe {
+            exec: Some(ExecAction {
+                command: Some(vec![NODE_AGENT_BIN.into(), CHECK_READY_FLAG.into()]),
+            }),
+            period_seconds: Some(10),
+            ..Default::default()
+        }),
         ..Default::default()
     }];
     Some(ds)
+}
+
+/// Bidirectional above HostToContainer above none: a mount shared by
+/// components propagates as the most demanding of them needs.
+fn propagation_rank(m: &VolumeMount) -> u8 {
+    match m.mount_propagation.as_deref() {
+        Some("Bidirectional") => 2,
+        Some("HostToContainer") => 1,
+        _ => 0,
+    }
 }

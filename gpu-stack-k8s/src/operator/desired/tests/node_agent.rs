@@ -39,6 +39,7 @@ fn the_node_agent_replaces_the_hosted_daemonsets() {
         Component::GpuFeatureDiscovery,
         Component::DcgmExporter,
         Component::MigManager,
+        Component::OperatorValidator,
     ] {
         assert!(
             !names.contains(&c.daemonset_name().to_string()),
@@ -46,7 +47,6 @@ fn the_node_agent_replaces_the_hosted_daemonsets() {
         );
     }
     assert!(names.contains(&NODE_AGENT_NAME.to_string()), "{names:?}");
-    assert!(names.contains(&"nvidia-operator-validator".to_string()));
     // The MIG manager still reads the operator's mig-parted ConfigMap.
     assert!(
         d.objects
@@ -67,8 +67,19 @@ fn the_node_agent_replaces_the_hosted_daemonsets() {
             "gpu-device-plugin",
             "gpu-feature-discovery",
             "gpu-exporter",
-            "gpu-mig-manager"
+            "gpu-mig-manager",
+            "validator"
         ]
+    );
+    // The validator's part is its pod's check chain.
+    assert_eq!(
+        segs[4][..4],
+        strings(&[
+            "validator",
+            "--component",
+            "driver,toolkit,cuda,plugin",
+            "--wait"
+        ])
     );
     // Each component's own variables go to it alone; the shared node name
     // is the container's.
@@ -97,16 +108,32 @@ fn the_node_agent_replaces_the_hosted_daemonsets() {
         ("/mig-parted-config", true),
         ("/host", false),
         ("/driver-root", true),
+        ("/run/nvidia/validations", false),
     ] {
         assert!(paths.contains(&want), "{want:?} not in {paths:?}");
     }
-    let init: Vec<&str> = pod
-        .init_containers
+    // The validator writes the status files other pods' gates wait for.
+    let validations = main
+        .volume_mounts
         .iter()
         .flatten()
-        .map(|c| c.name.as_str())
-        .collect();
-    assert_eq!(init, ["driver-validation", "toolkit-validation"]);
+        .find(|m| m.mount_path == "/run/nvidia/validations")
+        .expect("the validations mount");
+    assert_eq!(
+        validations.mount_propagation.as_deref(),
+        Some("Bidirectional")
+    );
+    // The agent runs the gates itself, and says when all is up.
+    assert!(pod.init_containers.is_none(), "{:?}", pod.init_containers);
+    let probe = main
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.exec.as_ref())
+        .and_then(|e| e.command.clone());
+    assert_eq!(
+        probe,
+        Some(strings(&["/usr/bin/gpu-node-agent", "--check-ready"]))
+    );
     for v in pod.volumes.iter().flatten() {
         assert!(
             pod.init_containers
@@ -194,7 +221,30 @@ fn a_component_of_another_image_keeps_its_own_daemonset() {
     assert!(!names.contains(&"nvidia-mig-manager".to_string()));
     let segs = segments(&agent_container(&d));
     let binaries: Vec<&str> = segs.iter().map(|s| s[0].as_str()).collect();
-    assert_eq!(binaries, ["gpu-feature-discovery", "gpu-exporter"]);
+    assert_eq!(
+        binaries,
+        ["gpu-feature-discovery", "gpu-exporter", "validator"]
+    );
+}
+
+#[test]
+fn without_the_validator_the_pods_init_containers_run_the_gates() {
+    let d = desired_for(serde_json::json!({
+        "nodeAgent": {"enabled": true},
+        "validator": {"repository": "nvcr.io/nvidia/cloud-native", "image": "gpu-operator-validator", "version": "v25.10.0"},
+    }));
+    assert!(daemonset_names(&d).contains(&"nvidia-operator-validator".to_string()));
+    let pod = pod_of(daemonset_named(&d, NODE_AGENT_NAME).expect("DaemonSet"));
+    let init: Vec<&str> = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(init, ["driver-validation", "toolkit-validation"]);
+    assert!(pod.containers[0].readiness_probe.is_none());
+    let segs = segments(&pod.containers[0]);
+    assert!(segs.iter().all(|s| s[0] != "validator"), "{segs:?}");
 }
 
 #[test]
