@@ -1212,6 +1212,12 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                 }),
                 spec: Some(PodSpec {
                     service_account_name: Some(service_account_name(c)),
+                    // A component that needs no API access (NVIDIA's toolkit)
+                    // gets no token: nothing to steal from its pod, and about
+                    // 600 bytes less of it for the control plane to store.
+                    automount_service_account_token: rbac_rules(spec, c)
+                        .is_empty()
+                        .then_some(false),
                     node_selector: Some(node_selector),
                     affinity,
                     tolerations: Some(tolerations(spec)),

@@ -458,7 +458,9 @@ fn a_gpu_stack_toolkit_image_runs_the_cdi_native_agent() {
         args.windows(2).any(|w| w[0] == "--toolkit-cdi-spec"),
         "{args:?}"
     );
-    // The agent's role lets it tell a removal from a restart.
+    // The agent's role lets it tell a removal from a restart, with the
+    // token its pod is given.
+    assert_eq!(pod.automount_service_account_token, None);
     let rules = render::rbac_rules(&policy.spec, Component::ContainerToolkit);
     assert!(
         rules
@@ -489,6 +491,8 @@ fn nvidias_toolkit_image_keeps_nvidias_toolkit_contract() {
         render::rbac_rules(&policy.spec, Component::ContainerToolkit).is_empty(),
         "NVIDIA's toolkit needs no API access"
     );
+    // So its pod gets no token.
+    assert_eq!(pod_of(&ds).automount_service_account_token, Some(false));
 }
 
 fn driver_pod_of(policy: &ClusterPolicy) -> k8s_openapi::api::core::v1::PodSpec {
