@@ -1,6 +1,7 @@
 //! The `gpu-mig-manager` binary in the end-to-end tests: a node's files (a
 //! fleet of simulated H100s, the mig-parted file, the simulated-GPU state),
 //! the manager as a process, and `gpu-stack mig assert` on the same GPUs.
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -48,9 +49,37 @@ pub fn write_mig_files(dir: &Path, node: &str, count: u32, node_extra: &str) -> 
     })
 }
 
+/// Where the MIG manager runs: as its own binary, or hosted by
+/// `gpu-node-agent` (`nodeAgent.enabled`), which starts it while the node's
+/// `nvidia.com/gpu.deploy.mig-manager` label is `true`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagerHost {
+    /// `gpu-mig-manager`.
+    Own,
+    /// `gpu-node-agent -- gpu-mig-manager ...`.
+    NodeAgent,
+}
+
+impl ManagerHost {
+    /// Both, for tests of the node contract in each mode.
+    pub const BOTH: [ManagerHost; 2] = [ManagerHost::Own, ManagerHost::NodeAgent];
+}
+
 /// Starts `gpu-mig-manager` for `node` on its simulated GPUs, with `extra`
 /// flags; its log goes to `manager.log` in the node's directory.
 pub fn start_mig_manager(
+    cluster: &TestCluster,
+    node: &str,
+    files: &MigFiles,
+    extra: &[&str],
+) -> Result<AgentProcess> {
+    start_mig_manager_on(ManagerHost::Own, cluster, node, files, extra)
+}
+
+/// [`start_mig_manager`] on `host`: the same flags, given to the MIG manager
+/// hosted by the node agent when `host` says so.
+pub fn start_mig_manager_on(
+    host: ManagerHost,
     cluster: &TestCluster,
     node: &str,
     files: &MigFiles,
@@ -61,28 +90,45 @@ pub fn start_mig_manager(
         .create(true)
         .append(true)
         .open(&log)?;
-    let child = Command::new(workspace_binary("gpu-mig-manager")?)
-        .arg("--node-name")
-        .arg(node)
-        .arg("--config-file")
-        .arg(&files.config)
-        .args(["--backend", "simulated", "--fleet"])
-        .arg(&files.fleet)
-        .arg("--sim-state")
-        .arg(&files.state)
-        .arg("--signal-file")
-        .arg(&files.signal)
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig())
-        .args(["--client-timeout-seconds", "60", "--poll-ms", "200"])
-        .args(extra)
+    let kubeconfig = cluster.kubeconfig().as_os_str().to_owned();
+    let path = |p: &Path| p.as_os_str().to_owned();
+    let mut args: Vec<OsString> = Vec::new();
+    let binary = match host {
+        ManagerHost::Own => "gpu-mig-manager",
+        ManagerHost::NodeAgent => {
+            args.extend(["--node-name".into(), node.into(), "--kubeconfig".into()]);
+            args.push(kubeconfig.clone());
+            args.push("--ready-file".into());
+            args.push(path(&files.dir.join("ready")));
+            args.extend(["--".into(), "gpu-mig-manager".into()]);
+            "gpu-node-agent"
+        }
+    };
+    args.extend(["--node-name".into(), node.into(), "--config-file".into()]);
+    args.push(path(&files.config));
+    args.extend(["--backend".into(), "simulated".into(), "--fleet".into()]);
+    args.push(path(&files.fleet));
+    args.push("--sim-state".into());
+    args.push(path(&files.state));
+    args.push("--signal-file".into());
+    args.push(path(&files.signal));
+    args.push("--kubeconfig".into());
+    args.push(kubeconfig);
+    args.extend(
+        ["--client-timeout-seconds", "60", "--poll-ms", "200"]
+            .iter()
+            .map(OsString::from),
+    );
+    args.extend(extra.iter().map(OsString::from));
+    let child = Command::new(workspace_binary(binary)?)
+        .args(&args)
         .env_remove("NODE_NAME")
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(out)
         .spawn()
-        .context("starting gpu-mig-manager")?;
-    Ok(AgentProcess::new("gpu-mig-manager", child, log))
+        .with_context(|| format!("starting {binary}"))?;
+    Ok(AgentProcess::new(binary, child, log))
 }
 
 /// `gpu-stack mig assert` of `config` against the node's simulated GPUs:

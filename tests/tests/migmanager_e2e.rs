@@ -2,7 +2,9 @@
 //!
 //! One kwok GPU node (8 simulated H100-SXM5-80GB from a fleet file written for
 //! this test) and one GPU client pod on it (`app=nvidia-device-plugin-daemonset`).
-//! The manager runs as a separate process with a simulated-GPU state file;
+//! The manager runs as a separate process with a simulated-GPU state file,
+//! once as `gpu-mig-manager` and once hosted by `gpu-node-agent`
+//! (`nodeAgent.enabled`), which must keep the same contract;
 //! `gpu-stack mig assert` reads the same file afterwards, as a second process
 //! on the node would. The test plays the DaemonSet controller: it removes the
 //! client pod once the manager paused its deploy label, so the manager's wait
@@ -14,8 +16,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use futures::StreamExt;
-use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
-use gpu_stack_e2e::migmanager::{MigFiles, mig_assert, start_mig_manager, write_mig_files};
+use gpu_stack_e2e::binaries::workspace_binary;
+use gpu_stack_e2e::migmanager::{
+    ManagerHost, MigFiles, mig_assert, start_mig_manager_on, write_mig_files,
+};
 use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
 use k8s_openapi::api::events::v1::Event;
@@ -32,6 +36,7 @@ const FAILURE: &str = "gpu-stack/mig-manager.failure-reason";
 const DEPLOY_DP: &str = "nvidia.com/gpu.deploy.device-plugin";
 const DEPLOY_GFD: &str = "nvidia.com/gpu.deploy.gpu-feature-discovery";
 const DEPLOY_EXPORTER: &str = "nvidia.com/gpu.deploy.dcgm-exporter";
+const DEPLOY_MIG: &str = "nvidia.com/gpu.deploy.mig-manager";
 const PAUSED: &str = "paused-for-mig-change";
 
 type Files = MigFiles;
@@ -44,10 +49,6 @@ fn write_files(node: &str) -> Result<Files> {
 fn write_files_for(node: &str, count: u32, node_extra: &str) -> Result<Files> {
     let dir = std::env::temp_dir().join(format!("gpu-stack-mig-e2e-{}", unique_suffix()));
     write_mig_files(&dir, node, count, node_extra)
-}
-
-fn start_manager(cluster: &TestCluster, node: &str, files: &Files) -> Result<AgentProcess> {
-    start_mig_manager(cluster, node, files, &[])
 }
 
 fn labels(node: &Node) -> BTreeMap<String, String> {
@@ -134,27 +135,30 @@ fn client_pod(node: &str) -> Pod {
 async fn mig_manager_applies_the_labelled_config_and_fails_cleanly() -> Result<()> {
     let cluster = TestCluster::attach().await?;
     let client = cluster.client();
-    let prefix = format!("mig-{}", unique_suffix());
-    let fleet = GpuFleet::new(prefix, 1)
-        .with_label(DEPLOY_DP, "true")
-        .with_label(DEPLOY_GFD, "true")
-        .with_label(DEPLOY_EXPORTER, "false");
-    let names = cluster.create_gpu_nodes(&fleet).await?;
-    let node = names[0].clone();
-    let namespace = cluster.create_namespace("mig-e2e").await?;
-    let files = write_files(&node)?;
+    for host in ManagerHost::BOTH {
+        let prefix = format!("mig-{}", unique_suffix());
+        let fleet = GpuFleet::new(prefix, 1)
+            .with_label(DEPLOY_DP, "true")
+            .with_label(DEPLOY_GFD, "true")
+            .with_label(DEPLOY_EXPORTER, "false")
+            .with_label(DEPLOY_MIG, "true");
+        let names = cluster.create_gpu_nodes(&fleet).await?;
+        let node = names[0].clone();
+        let namespace = cluster.create_namespace("mig-e2e").await?;
+        let files = write_files(&node)?;
 
-    let outcome = scenario(&cluster, &client, &node, &namespace, &files).await;
+        let outcome = scenario(host, &cluster, &client, &node, &namespace, &files).await;
 
-    cluster.delete_nodes(&names).await?;
-    cluster.delete_namespace(&namespace).await?;
-    if outcome.is_ok() {
+        cluster.delete_nodes(&names).await?;
+        cluster.delete_namespace(&namespace).await?;
+        outcome.with_context(|| format!("MIG manager on {host:?}"))?;
         let _ = std::fs::remove_dir_all(&files.dir);
     }
-    outcome
+    Ok(())
 }
 
 async fn scenario(
+    host: ManagerHost,
     cluster: &TestCluster,
     client: &Client,
     node: &str,
@@ -172,7 +176,7 @@ async fn scenario(
     );
 
     let (history, watch) = record_history(client, node);
-    let mut manager = start_manager(cluster, node, files)?;
+    let mut manager = start_mig_manager_on(host, cluster, node, files, &[])?;
     let run = async {
         // 1. all-1g.10gb: pause, wait for the client pod, apply, restore.
         label_node(client, node, MIG_CONFIG, "all-1g.10gb").await?;
@@ -294,24 +298,27 @@ async fn scenario(
 async fn mig_manager_reports_rebooting_runs_the_hook_and_resumes_after_reboot() -> Result<()> {
     let cluster = TestCluster::attach().await?;
     let client = cluster.client();
-    let prefix = format!("migr-{}", unique_suffix());
-    let fleet = GpuFleet::new(prefix, 1)
-        .with_label(DEPLOY_DP, "true")
-        .with_label(DEPLOY_EXPORTER, "false");
-    let names = cluster.create_gpu_nodes(&fleet).await?;
-    let node = names[0].clone();
-    let files = write_files_for(&node, 2, "    mig-change-needs-reset: true\n")?;
+    for host in ManagerHost::BOTH {
+        let prefix = format!("migr-{}", unique_suffix());
+        let fleet = GpuFleet::new(prefix, 1)
+            .with_label(DEPLOY_DP, "true")
+            .with_label(DEPLOY_EXPORTER, "false")
+            .with_label(DEPLOY_MIG, "true");
+        let names = cluster.create_gpu_nodes(&fleet).await?;
+        let node = names[0].clone();
+        let files = write_files_for(&node, 2, "    mig-change-needs-reset: true\n")?;
 
-    let outcome = reboot_scenario(&cluster, &client, &node, &files).await;
+        let outcome = reboot_scenario(host, &cluster, &client, &node, &files).await;
 
-    cluster.delete_nodes(&names).await?;
-    if outcome.is_ok() {
+        cluster.delete_nodes(&names).await?;
+        outcome.with_context(|| format!("MIG manager on {host:?}"))?;
         let _ = std::fs::remove_dir_all(&files.dir);
     }
-    outcome
+    Ok(())
 }
 
 async fn reboot_scenario(
+    host: ManagerHost,
     cluster: &TestCluster,
     client: &Client,
     node: &str,
@@ -321,7 +328,8 @@ async fn reboot_scenario(
     let before = deploy_labels(&labels(&nodes.get(node).await?));
     let marker = files.dir.join("rebooted-by-hook");
     let hook = format!("echo \"$NODE_NAME $MIG_CONFIG\" > '{}'", marker.display());
-    let mut manager = start_mig_manager(
+    let mut manager = start_mig_manager_on(
+        host,
         cluster,
         node,
         files,
@@ -378,7 +386,7 @@ async fn reboot_scenario(
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let mut manager = start_mig_manager(cluster, node, files, &["--no-gpu-reset"])?;
+    let mut manager = start_mig_manager_on(host, cluster, node, files, &["--no-gpu-reset"])?;
     let second = async {
         let done = wait_label(client, node, MIG_STATE, "success").await?;
         let l = labels(&done);
