@@ -980,11 +980,17 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     // placement the scheduler chose and destroyed with its pod.
     dra_on_the_node(cluster, client, dir).await?;
 
-    // 10. helm uninstall: everything the stack made is gone, and the labels
-    // the operator, GFD and node discovery wrote (the MIG layout's stay).
+    // 9b. The combined node agent: `nodeAgent.enabled` runs the device
+    // plugin, GFD, the exporter, the MIG manager and the validator in one
+    // pod, Ready once the hosted validator's checks have passed on this node.
+    node_agent_on_the_node(cluster, client).await?;
+
+    // 10. helm uninstall (from the combined mode): everything the stack made
+    // is gone, and the labels the operator, GFD and node discovery wrote
+    // (the MIG layout's stay).
     let boots_before_uninstall = containerd_boots(dir)?;
     uninstall(cluster)?;
-    wait_for(
+    let gone = wait_for(
         "the operands and the node labels to go",
         ROLLOUT,
         || async {
@@ -994,7 +1000,11 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
             Ok(left.is_empty().then_some(()))
         },
     )
-    .await?;
+    .await;
+    if let Err(err) = gone {
+        let left = leftovers(client).await.unwrap_or_default();
+        bail!("{err}; still there: {left:?}");
+    }
     // The toolkit left with the policy: containerd restarted once onto the
     // user's config, back byte for byte, and the drop-in is gone.
     wait_for(
@@ -1023,6 +1033,107 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         containerd_boots(dir)? == boots_before_uninstall + 1,
         "removing the toolkit restarted containerd more than once"
     );
+    Ok(())
+}
+
+/// `nodeAgent.enabled` by `helm upgrade`: the hosted components' own
+/// DaemonSets go and `gpu-stack-node-agent` runs them in one pod, which turns
+/// Ready on its probe (`gpu-node-agent --check-ready`) only once the hosted
+/// validator's checks have passed against the node's real containerd and
+/// kubelet; the hosted device plugin registers with the kubelet again, and
+/// a workload gets exactly one GPU (by the policy's `envvar` strategy).
+async fn node_agent_on_the_node(cluster: &TestCluster, client: &Client) -> Result<()> {
+    let chart = repo_root().join("deploy/helm/gpu-stack");
+    let chart = chart.display().to_string();
+    // The stack is back from the DRA step first: the policy ready and the
+    // device plugin advertising whole GPUs.
+    wait_for("the ClusterPolicy to be ready again", ROLLOUT, || async {
+        Ok((policy_state(client).await.as_deref() == Some("ready")).then_some(()))
+    })
+    .await?;
+    wait_allocatable(
+        client,
+        "nvidia.com/gpu",
+        "whole GPUs advertised before the switch",
+        |n| n >= 1,
+    )
+    .await?;
+    let started = Instant::now();
+    run_helm(
+        cluster,
+        &[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "nodeAgent.enabled=true",
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )?;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let hosted = [
+        "nvidia-device-plugin-daemonset",
+        "gpu-feature-discovery",
+        "nvidia-dcgm-exporter",
+        "nvidia-mig-manager",
+        "nvidia-operator-validator",
+    ];
+    let switched = wait_for(
+        "the hosted DaemonSets to go and the node agent's pod to be Ready",
+        ROLLOUT,
+        || async {
+            let names: Vec<String> = daemonsets
+                .list(&ListParams::default())
+                .await?
+                .into_iter()
+                .map(|d| d.name_any())
+                .collect();
+            let agent = pods
+                .list(&ListParams::default().labels("app=gpu-stack-node-agent"))
+                .await?
+                .items;
+            let ready = agent.len() == 1 && phase(&agent[0]) == "Running" && pod_ready(&agent[0]);
+            Ok((ready && hosted.iter().all(|h| !names.iter().any(|n| n == h))).then_some(()))
+        },
+    )
+    .await;
+    if let Err(err) = switched {
+        bail!("{err}\n{}", describe_pods(client).await);
+    }
+    wait_for("the ClusterPolicy to be ready", ROLLOUT, || async {
+        Ok((policy_state(client).await.as_deref() == Some("ready")).then_some(()))
+    })
+    .await?;
+    eprintln!(
+        "figure: real node nodeAgent.enabled: helm upgrade -> ClusterPolicy ready in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    wait_allocatable(
+        client,
+        "nvidia.com/gpu",
+        "whole GPUs advertised by the hosted device plugin",
+        |n| n >= 1,
+    )
+    .await?;
+    // The policy's device-plugin env (`envvar` since step 4b) reached the
+    // hosted device plugin.
+    let pod = busybox_pod(
+        "agent-workload",
+        &[("nvidia.com/gpu", "1")],
+        "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 3600",
+    )?;
+    let log = run_workload(client, pod, "DONE").await?;
+    ensure!(
+        only_visible(&log, "GPU-").is_some(),
+        "NVIDIA_VISIBLE_DEVICES from the hosted device plugin is not exactly one GPU: {log}"
+    );
+    delete_pod(client, "agent-workload").await;
     Ok(())
 }
 
