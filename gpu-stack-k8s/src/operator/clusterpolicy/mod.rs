@@ -100,8 +100,9 @@ pub struct ClusterPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dra_driver: Option<DraDriverSpec>,
     /// The combined node agent (`gpu-node-agent`, a gpu-stack extension):
-    /// the device plugin, GFD, the exporter and the MIG manager as one
-    /// process in one DaemonSet, each run while its deploy label is `true`.
+    /// the device plugin, GFD, the exporter, the MIG manager and the
+    /// validator as one process in one DaemonSet, each run while its deploy
+    /// label is `true`, the validator's checks gating the others in the process.
     /// Off by default. Its `args` and `env` are the agent's own; each hosted
     /// component keeps its section's `args` and `env`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
