@@ -32,7 +32,7 @@ use gpu_stack_core::nodeagent::{
     READY_FILE, Segment, gates_in_process, parse_segments, ready, wanted,
 };
 use gpu_stack_core::operator::components::Component;
-use gpu_stack_core::operator::validation::parse_components;
+use gpu_stack_core::operator::validation::{ValidationComponent, parse_components};
 use gpu_stack_k8s::deviceplugin::run::{Signal, SignalSource};
 use gpu_stack_k8s::validator::{hold, wait_for_ready};
 use k8s_openapi::api::core::v1::Node;
@@ -296,7 +296,7 @@ async fn pass_gates(component: Component, validator_args: &validator::Args) -> R
             Some(checks) => {
                 validator::checks(validator_args.checking(checks))
                     .await?
-                    .run()
+                    .run(log_passed)
                     .await?
             }
             None => {
@@ -315,6 +315,10 @@ async fn pass_gates(component: Component, validator_args: &validator::Args) -> R
     Ok(())
 }
 
+fn log_passed(c: ValidationComponent, path: &Path) {
+    tracing::info!(component = %c, "ready: wrote {}", path.display());
+}
+
 /// The hosted validator: its checks in order (each writing its status file),
 /// then up until stopped, when it removes the status files as its pod does.
 async fn validate_and_hold(
@@ -324,7 +328,7 @@ async fn validate_and_hold(
 ) -> Result<()> {
     let checks = validator::checks(args).await?;
     tokio::select! {
-        passed = checks.run() => passed?,
+        passed = checks.run(log_passed) => passed?,
         () = stopped(stop.clone()) => return Ok(()),
     }
     up.store(true, Ordering::Release);

@@ -143,11 +143,15 @@ pub struct Checks {
 }
 
 impl Checks {
-    /// Runs every check in order, writing each status file as it passes.
-    pub async fn run(&self) -> Result<(), ValidatorError> {
+    /// Runs every check in order, writing each status file as it passes
+    /// and telling `passed` its path; stops at the first that fails.
+    pub async fn run(
+        &self,
+        mut passed: impl FnMut(ValidationComponent, &std::path::Path),
+    ) -> Result<(), ValidatorError> {
         for c in &self.components {
             let path = validate(*c, &self.options, &self.sources).await?;
-            tracing::info!(component = %c, "ready: wrote {}", path.display());
+            passed(*c, &path);
         }
         Ok(())
     }
@@ -256,13 +260,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             );
         }
         let checks = checks(args).await?;
-        for c in &checks.components {
-            match validate(*c, &checks.options, &checks.sources).await {
-                Ok(path) => println!("{c} ready: wrote {}", path.display()),
-                Err(err) => return Ok(fail(&err)),
-            }
-        }
-        Ok(ExitCode::SUCCESS)
+        let outcome = checks
+            .run(|c, path| println!("{c} ready: wrote {}", path.display()))
+            .await;
+        Ok(match outcome {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => fail(&err),
+        })
     })
 }
 
