@@ -86,6 +86,31 @@ impl AgentProcess {
         }
     }
 
+    /// Starts the workspace's `binary` with `args`, as on a node: info
+    /// logging, stderr appended to `log`, and no `NODE_NAME` from the test's
+    /// environment (the node is always given by flag).
+    pub fn spawn<S: AsRef<std::ffi::OsStr>>(
+        binary: &str,
+        args: &[S],
+        log: PathBuf,
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let child = Command::new(workspace_binary(binary)?)
+            .args(args)
+            .env_remove("NODE_NAME")
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {binary}"))?;
+        Ok(AgentProcess::new(binary, child, log))
+    }
+
     /// Where its stderr goes.
     pub fn log_path(&self) -> &Path {
         &self.log

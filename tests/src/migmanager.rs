@@ -3,7 +3,7 @@
 //! the manager as a process, and `gpu-stack mig assert` on the same GPUs.
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 
@@ -85,11 +85,6 @@ pub fn start_mig_manager_on(
     files: &MigFiles,
     extra: &[&str],
 ) -> Result<AgentProcess> {
-    let log = files.dir.join("manager.log");
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)?;
     let kubeconfig = cluster.kubeconfig().as_os_str().to_owned();
     let path = |p: &Path| p.as_os_str().to_owned();
     let mut args: Vec<OsString> = Vec::new();
@@ -120,15 +115,7 @@ pub fn start_mig_manager_on(
             .map(OsString::from),
     );
     args.extend(extra.iter().map(OsString::from));
-    let child = Command::new(workspace_binary(binary)?)
-        .args(&args)
-        .env_remove("NODE_NAME")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(out)
-        .spawn()
-        .with_context(|| format!("starting {binary}"))?;
-    Ok(AgentProcess::new(binary, child, log))
+    AgentProcess::spawn(binary, &args, files.dir.join("manager.log"))
 }
 
 /// `gpu-stack mig assert` of `config` against the node's simulated GPUs:

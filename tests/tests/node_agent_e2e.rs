@@ -113,16 +113,7 @@ fn start_node_agent(
         "200".into(),
     ]);
     backend(&mut args);
-    let out = std::fs::File::create(&log)?;
-    let child = Command::new(workspace_binary("gpu-node-agent")?)
-        .args(&args)
-        .env_remove("NODE_NAME")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(out)
-        .spawn()
-        .context("starting gpu-node-agent")?;
-    Ok(AgentProcess::new("gpu-node-agent", child, log))
+    AgentProcess::spawn("gpu-node-agent", &args, log)
 }
 
 async fn label_node(client: &Client, node: &str, key: &str, value: &str) -> Result<()> {
@@ -377,16 +368,7 @@ fn start_validating_agent(
         kubeconfig,
     ]);
     args.extend(backend.iter().cloned());
-    let out = std::fs::File::create(&log)?;
-    let child = Command::new(workspace_binary("gpu-node-agent")?)
-        .args(&args)
-        .env_remove("NODE_NAME")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(out)
-        .spawn()
-        .context("starting gpu-node-agent")?;
-    Ok(AgentProcess::new("gpu-node-agent", child, log))
+    AgentProcess::spawn("gpu-node-agent", &args, log)
 }
 
 /// `gpu-node-agent --check-ready`, the readiness probe: whether it passes.

@@ -103,6 +103,57 @@ fn uninstall(cluster: &TestCluster) -> Result<String> {
     )
 }
 
+/// `helm upgrade --reuse-values` of the release with `extra` (`--set`,
+/// `--values`), waiting for it as install does.
+fn helm_upgrade(cluster: &TestCluster, extra: &[&str]) -> Result<()> {
+    let chart = repo_root().join("deploy/helm/gpu-stack");
+    let chart = chart.display().to_string();
+    let mut args = vec![
+        "upgrade",
+        RELEASE,
+        chart.as_str(),
+        "--namespace",
+        NAMESPACE,
+        "--reuse-values",
+        "--wait",
+        "--timeout",
+        "5m",
+    ];
+    args.extend_from_slice(extra);
+    run_helm(cluster, &args).map(drop)
+}
+
+/// Waits until the ClusterPolicy's state is `ready`.
+async fn wait_policy_ready(client: &Client, what: &str) -> Result<()> {
+    wait_for(what, ROLLOUT, || async {
+        Ok((policy_state(client).await.as_deref() == Some("ready")).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Runs a busybox pod `name` asking for one `resource`, checks that its
+/// `NVIDIA_VISIBLE_DEVICES` names exactly one device starting `prefix`
+/// (`GPU-`, `MIG-`) and returns its log; the caller deletes it.
+async fn one_visible_device(
+    client: &Client,
+    name: &str,
+    resource: &str,
+    prefix: &str,
+) -> Result<String> {
+    let pod = busybox_pod(
+        name,
+        &[(resource, "1")],
+        "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 3600",
+    )?;
+    let log = run_workload(client, pod, "DONE").await?;
+    ensure!(
+        only_visible(&log, prefix).is_some(),
+        "{name}: NVIDIA_VISIBLE_DEVICES is not exactly one {prefix} device: {log}"
+    );
+    Ok(log)
+}
+
 /// The ClusterPolicy API (the test reads it untyped, as a user's tools do).
 fn cluster_policies(client: &Client) -> Api<kube::api::DynamicObject> {
     Api::all_with(
@@ -604,10 +655,7 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     .await?;
 
     // 3. The policy is ready with every operand Running and Ready.
-    wait_for("the ClusterPolicy to be ready", ROLLOUT, || async {
-        Ok((policy_state(client).await.as_deref() == Some("ready")).then_some(()))
-    })
-    .await?;
+    wait_policy_ready(client, "the ClusterPolicy to be ready").await?;
     eprintln!(
         "figure: helm install -> ClusterPolicy ready in {:.1}s",
         installed.elapsed().as_secs_f64()
@@ -859,19 +907,10 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     // 7c. The kubelet restarts: the plugin registers again, new pods get GPUs.
     restart_node_process(dir, "kubelet")?;
     let restarted = Instant::now();
-    let second = busybox_pod(
-        "gpu-after-restart",
-        &[("nvidia.com/gpu", "1")],
-        "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 3600",
-    )?;
-    let log2 = run_workload(client, second, "DONE").await?;
+    one_visible_device(client, "gpu-after-restart", "nvidia.com/gpu", "GPU-").await?;
     eprintln!(
         "figure: kubelet restart -> a GPU pod admitted and running in {:.1}s",
         restarted.elapsed().as_secs_f64()
-    );
-    ensure!(
-        only_visible(&log2, "GPU-").is_some(),
-        "NVIDIA_VISIBLE_DEVICES is not exactly one GPU: {log2}"
     );
     delete_pod(client, "gpu-after-restart").await;
     delete_pod(client, "gpu-workload").await;
@@ -959,16 +998,7 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     )
     .await?;
     ensure!(migs == 14, "2 H100 x 7 1g.10gb instances");
-    let mig_pod = busybox_pod(
-        "mig-workload",
-        &[("nvidia.com/mig-1g.10gb", "1")],
-        "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 3600",
-    )?;
-    let log3 = run_workload(client, mig_pod, "DONE").await?;
-    ensure!(
-        only_visible(&log3, "MIG-").is_some(),
-        "the MIG pod does not see exactly one MIG device: {log3}"
-    );
+    one_visible_device(client, "mig-workload", "nvidia.com/mig-1g.10gb", "MIG-").await?;
     delete_pod(client, "mig-workload").await;
 
     // 8. Driver upgrade: the driver DaemonSet's version bumped, the node
@@ -1043,14 +1073,9 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
 /// kubelet; the hosted device plugin registers with the kubelet again, and
 /// a workload gets exactly one GPU (by the policy's `envvar` strategy).
 async fn node_agent_on_the_node(cluster: &TestCluster, client: &Client) -> Result<()> {
-    let chart = repo_root().join("deploy/helm/gpu-stack");
-    let chart = chart.display().to_string();
     // The stack is back from the DRA step first: the policy ready and the
     // device plugin advertising whole GPUs.
-    wait_for("the ClusterPolicy to be ready again", ROLLOUT, || async {
-        Ok((policy_state(client).await.as_deref() == Some("ready")).then_some(()))
-    })
-    .await?;
+    wait_policy_ready(client, "the ClusterPolicy to be ready again").await?;
     wait_allocatable(
         client,
         "nvidia.com/gpu",
@@ -1059,22 +1084,7 @@ async fn node_agent_on_the_node(cluster: &TestCluster, client: &Client) -> Resul
     )
     .await?;
     let started = Instant::now();
-    run_helm(
-        cluster,
-        &[
-            "upgrade",
-            RELEASE,
-            &chart,
-            "--namespace",
-            NAMESPACE,
-            "--reuse-values",
-            "--set",
-            "nodeAgent.enabled=true",
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
-    )?;
+    helm_upgrade(cluster, &["--set", "nodeAgent.enabled=true"])?;
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let hosted = [
@@ -1106,10 +1116,7 @@ async fn node_agent_on_the_node(cluster: &TestCluster, client: &Client) -> Resul
     if let Err(err) = switched {
         bail!("{err}\n{}", describe_pods(client).await);
     }
-    wait_for("the ClusterPolicy to be ready", ROLLOUT, || async {
-        Ok((policy_state(client).await.as_deref() == Some("ready")).then_some(()))
-    })
-    .await?;
+    wait_policy_ready(client, "the ClusterPolicy to be ready").await?;
     eprintln!(
         "figure: real node nodeAgent.enabled: helm upgrade -> ClusterPolicy ready in {:.1}s",
         started.elapsed().as_secs_f64()
@@ -1123,16 +1130,7 @@ async fn node_agent_on_the_node(cluster: &TestCluster, client: &Client) -> Resul
     .await?;
     // The policy's device-plugin env (`envvar` since step 4b) reached the
     // hosted device plugin.
-    let pod = busybox_pod(
-        "agent-workload",
-        &[("nvidia.com/gpu", "1")],
-        "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 3600",
-    )?;
-    let log = run_workload(client, pod, "DONE").await?;
-    ensure!(
-        only_visible(&log, "GPU-").is_some(),
-        "NVIDIA_VISIBLE_DEVICES from the hosted device plugin is not exactly one GPU: {log}"
-    );
+    one_visible_device(client, "agent-workload", "nvidia.com/gpu", "GPU-").await?;
     delete_pod(client, "agent-workload").await;
     Ok(())
 }
@@ -1196,26 +1194,9 @@ async fn workload_pods(client: &Client) -> Result<Vec<(String, String, String)>>
 /// node: cordoned, the workload evicted, the driver pod replaced by one at
 /// [`DRIVER_TO`], validated, uncordoned, the workload back on its GPU.
 async fn driver_upgrade(cluster: &TestCluster, client: &Client, dir: &Path) -> Result<()> {
-    let chart = repo_root().join("deploy/helm/gpu-stack");
-    let chart = chart.display().to_string();
     let values = repo_root().join("tests/real-node/driver-values.yaml");
     let values = values.display().to_string();
-    let upgrade = |extra: &[&str]| {
-        let mut args = vec![
-            "upgrade",
-            RELEASE,
-            chart.as_str(),
-            "--namespace",
-            NAMESPACE,
-            "--reuse-values",
-            "--wait",
-            "--timeout",
-            "5m",
-        ];
-        args.extend_from_slice(extra);
-        run_helm(cluster, &args).map(|_| ())
-    };
-    upgrade(&["--values", &values])?;
+    helm_upgrade(cluster, &["--values", &values])?;
     let nodes: Api<Node> = Api::all(client.clone());
     let os = {
         let node = the_node(client).await?;
@@ -1321,7 +1302,7 @@ async fn driver_upgrade(cluster: &TestCluster, client: &Client, dir: &Path) -> R
     // The bump: the driver DaemonSet (OnDelete) gets a new template, and
     // the upgrade controller takes the node through NVIDIA's states.
     let bumped = Instant::now();
-    upgrade(&["--set", &format!("driver.version={DRIVER_TO}")])?;
+    helm_upgrade(cluster, &["--set", &format!("driver.version={DRIVER_TO}")])?;
     let mut states: Vec<String> = Vec::new();
     let mut timeline: Vec<String> = Vec::new();
     let mut cordoned = false;
@@ -1675,30 +1656,11 @@ async fn dra_on_the_node(cluster: &TestCluster, client: &Client, dir: &Path) -> 
         "MIG instances left after all-disabled: {left:?}"
     );
 
-    let chart = repo_root()
-        .join("deploy/helm/gpu-stack")
-        .display()
-        .to_string();
     let values = repo_root()
         .join("tests/real-node/dra-values.yaml")
         .display()
         .to_string();
-    run_helm(
-        cluster,
-        &[
-            "upgrade",
-            RELEASE,
-            &chart,
-            "--namespace",
-            NAMESPACE,
-            "--reuse-values",
-            "--values",
-            &values,
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
-    )?;
+    helm_upgrade(cluster, &["--values", &values])?;
     // The plugin runs as the operator's DaemonSet and publishes the node's
     // GPUs: one slice per GPU, each with its counter set.
     let slices = wait_for("the DRA plugin's ResourceSlices", ROLLOUT, || async {
@@ -1831,24 +1793,15 @@ async fn dra_on_the_node(cluster: &TestCluster, client: &Client, dir: &Path) -> 
 
     // Back to the device plugin and the MIG manager; the kubelet removes the
     // slices of the plugin that went away.
-    run_helm(
+    helm_upgrade(
         cluster,
         &[
-            "upgrade",
-            RELEASE,
-            &chart,
-            "--namespace",
-            NAMESPACE,
-            "--reuse-values",
             "--set",
             "dra.enabled=false",
             "--set",
             "draDriver.enabled=false",
             "--set",
             "devicePlugin.enabled=true",
-            "--wait",
-            "--timeout",
-            "5m",
         ],
     )?;
     wait_for("the DRA plugin's slices to go", ROLLOUT, || async {
