@@ -21,7 +21,7 @@ use gpu_stack_k8s::deviceplugin::cdi::{DEFAULT_CDI_DIR, discover_host_files, wri
 use gpu_stack_k8s::deviceplugin::node::{MIG_MINORS_PATH, read_node_gpus};
 use gpu_stack_k8s::toolkit::{
     PodIdentity, RemovalWatch, RestartMode, RuntimeKind, ToolkitConfig, component_removed,
-    host_path, run as run_agent,
+    host_path, refusal_means_removal, run as run_agent,
 };
 
 use crate::agent::{LogFormat, init_logging, kube_client, run_main, shutdown_signal};
@@ -218,10 +218,10 @@ async fn removal_wanted(watched: Option<(kube::Client, PodIdentity, RemovalWatch
     };
     match component_removed(&client, &who).await {
         Ok(removed) => removed || watch.removed(),
-        // Refused: the agent's role is gone, and the operator deletes it only
-        // with the DaemonSet (a rolling update or an eviction keeps it).
-        Err(kube::Error::Api(e)) if e.code == 403 => {
-            tracing::info!(error = %e, "the toolkit's role is gone with its DaemonSet: removing");
+        // Refused: the agent's account or role is gone, and the operator
+        // deletes them only with the DaemonSet.
+        Err(kube::Error::Api(e)) if refusal_means_removal(e.code) => {
+            tracing::info!(error = %e, "the toolkit's account or role is gone with its DaemonSet: removing");
             true
         }
         Err(e) => {
