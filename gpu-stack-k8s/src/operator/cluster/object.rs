@@ -118,6 +118,14 @@ impl Object {
         }
     }
 
+    /// When this object may be deleted, in the order of [`Self::apply_stage`]
+    /// reversed: a DaemonSet goes before the account, role and binding its
+    /// pods use, so a pod stopping with its DaemonSet can still ask the API
+    /// server why (the toolkit agent does, to undo its runtime changes).
+    pub fn delete_stage(&self) -> u8 {
+        3 - self.apply_stage()
+    }
+
     /// Mutable metadata.
     pub fn meta_mut(&mut self) -> &mut ObjectMeta {
         each!(self, o => &mut o.metadata)
@@ -195,6 +203,26 @@ mod tests {
             stage(Object::RuntimeClass(RuntimeClass::default())),
         ];
         let daemonset = stage(Object::DaemonSet(DaemonSet::default()));
+        let every = [
+            Object::Namespace(Namespace::default()),
+            Object::ServiceAccount(ServiceAccount::default()),
+            Object::ClusterRole(ClusterRole::default()),
+            Object::ClusterRoleBinding(ClusterRoleBinding::default()),
+            Object::ConfigMap(ConfigMap::default()),
+            Object::DaemonSet(DaemonSet::default()),
+        ];
+        // Deleted in the reverse order: the DaemonSet first, the namespace last.
+        for a in &every {
+            for b in &every {
+                assert_eq!(
+                    a.apply_stage() < b.apply_stage(),
+                    a.delete_stage() > b.delete_stage(),
+                    "{} {}",
+                    a.kind(),
+                    b.kind()
+                );
+            }
+        }
         // Everything namespaced lives in the namespace.
         assert!(account > namespace && roles.iter().all(|r| *r > namespace));
         // A binding needs its role; a DaemonSet's pods need their account,

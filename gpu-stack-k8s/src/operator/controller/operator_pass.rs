@@ -20,7 +20,7 @@ use super::operand_pods;
 use super::watches::{CacheError, Caches};
 use super::{Pass, PassReport};
 use crate::cluster::kube_cluster::KubeCluster;
-use crate::cluster::{Cluster, ClusterError};
+use crate::cluster::{Cluster, ClusterError, Object};
 use crate::clusterpolicy::{ClusterPolicy, state};
 use crate::desired::{Options, gpu_node_census};
 use crate::operator::{Operator, OperatorError};
@@ -187,11 +187,12 @@ impl OperatorPass {
                 },
                 other => KubePassError::Operator(other),
             })?;
-        let owned = self
+        let mut owned = self
             .cluster()
             .list_owned()
             .await
             .map_err(fail("listing owned objects".into()))?;
+        owned.sort_by_key(Object::delete_stage);
         for obj in owned {
             if obj.kind() == "Namespace" {
                 continue;

@@ -587,12 +587,12 @@ pub fn desired_state_with(
             not_ready.push(cur.key().name.clone());
         }
     }
-    let delete: Vec<ObjectKey> = current
+    let mut leaving: Vec<&Object> = current
         .iter()
-        .filter(|o| o.is_managed())
-        .map(Object::key)
-        .filter(|k| !desired_keys.contains(k))
+        .filter(|o| o.is_managed() && !desired_keys.contains(&o.key()))
         .collect();
+    leaving.sort_by_key(|o| o.delete_stage());
+    let delete: Vec<ObjectKey> = leaving.into_iter().map(Object::key).collect();
 
     // Status.
     for r in &driver.refused {

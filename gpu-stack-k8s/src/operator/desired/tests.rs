@@ -1069,6 +1069,15 @@ fn switching_dra_driver_off_brings_the_mig_manager_back() {
     );
     assert_eq!(patch.get("nvidia.com/gpu.deploy.dra-driver"), Some(&None));
     assert!(back.delete.iter().any(|k| k.name == DRA_DS));
+    // Its DaemonSet goes before the account and role its pods use.
+    let kinds: Vec<&str> = back.delete.iter().map(|k| k.kind.as_str()).collect();
+    let first_access = kinds
+        .iter()
+        .position(|k| k.contains("Role") || *k == "ServiceAccount");
+    assert!(
+        first_access.is_some_and(|i| kinds[..i].contains(&"DaemonSet")),
+        "{kinds:?}"
+    );
     assert!(
         back.apply
             .iter()
