@@ -1019,6 +1019,14 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     // is gone, and the labels the operator, GFD and node discovery wrote
     // (the MIG layout's stay).
     let boots_before_uninstall = containerd_boots(dir)?;
+    // The toolkit's pod log goes with the pod: kept to say why, should the
+    // runtime not be restored.
+    let toolkit_log = follow_log(
+        client,
+        "app=nvidia-container-toolkit-daemonset",
+        "nvidia-container-toolkit",
+    )
+    .await?;
     uninstall(cluster)?;
     let gone = wait_for(
         "the operands and the node labels to go",
@@ -1037,14 +1045,17 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     }
     // The toolkit left with the policy: containerd restarted once onto the
     // user's config, back byte for byte, and the drop-in is gone.
-    wait_for(
+    let restarted = wait_for(
         "containerd to restart onto the restored config",
         STEP,
         || async {
             Ok((containerd_boots(dir).unwrap_or(0) > boots_before_uninstall).then_some(()))
         },
     )
-    .await?;
+    .await;
+    if let Err(err) = restarted {
+        bail!("{err}; the toolkit's log:\n{}", toolkit_log.text());
+    }
     let restored = std::fs::read_to_string(on_node(dir, CONTAINERD_CONFIG))?;
     ensure!(
         restored == original_config,
@@ -1064,6 +1075,46 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         "removing the toolkit restarted containerd more than once"
     );
     Ok(())
+}
+
+/// A pod's log, read as it is written until the pod is gone.
+struct FollowedLog(std::sync::Arc<std::sync::Mutex<String>>);
+
+impl FollowedLog {
+    fn text(&self) -> String {
+        self.0.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+}
+
+/// Follows the log of `container` in the one pod `selector` matches in the
+/// stack's namespace.
+async fn follow_log(client: &Client, selector: &str, container: &str) -> Result<FollowedLog> {
+    use futures::{AsyncBufReadExt, StreamExt};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let list = pods.list(&ListParams::default().labels(selector)).await?;
+    let name = list
+        .items
+        .first()
+        .map(|p| p.name_any())
+        .with_context(|| format!("no pod matches {selector}"))?;
+    let params = LogParams {
+        follow: true,
+        container: Some(container.into()),
+        ..LogParams::default()
+    };
+    let lines = pods.log_stream(&name, &params).await?.lines();
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = text.clone();
+    tokio::spawn(async move {
+        let mut lines = std::pin::pin!(lines);
+        while let Some(Ok(line)) = lines.next().await {
+            if let Ok(mut t) = sink.lock() {
+                t.push_str(&line);
+                t.push('\n');
+            }
+        }
+    });
+    Ok(FollowedLog(text))
 }
 
 /// `nodeAgent.enabled` by `helm upgrade`: the hosted components' own
