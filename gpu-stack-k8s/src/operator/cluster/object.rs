@@ -122,8 +122,8 @@ impl Object {
     /// reversed: a DaemonSet goes before the account, role and binding its
     /// pods use, so a pod stopping with its DaemonSet can still ask the API
     /// server why (the toolkit agent does, to undo its runtime changes).
-    pub fn delete_stage(&self) -> u8 {
-        3 - self.apply_stage()
+    pub fn delete_stage(&self) -> std::cmp::Reverse<u8> {
+        std::cmp::Reverse(self.apply_stage())
     }
 
     /// Mutable metadata.
