@@ -8,8 +8,10 @@
 //!
 //! What it reads, all from watches or field-selected lists, never every pod
 //! of the cluster:
-//! - pods the scheduler has not placed (`status.phase=Pending,spec.nodeName=`);
 //! - MigConfigs;
+//! - pods the scheduler has not placed (`status.phase=Pending,spec.nodeName=`),
+//!   watched only while a demand-mode MigConfig exists: without one the
+//!   operator is sent none of the pods a rollout creates;
 //! - per decision, the selected nodes' metadata, whose
 //!   [`MIG_USAGE_ANNOTATION`] the node's MIG manager publishes (each GPU's
 //!   layout and in-use instances).
@@ -18,7 +20,9 @@
 //! batching window (`spec.demand.batchSeconds`) passes without one, or
 //! four windows after the first; the decision is made then, and again
 //! every [`RESYNC`] so that nodes the rate limit held come back. No
-//! decision is made while an earlier one is still being applied.
+//! decision is made while an earlier one is still being applied, nor before
+//! the pending pods have been listed once (an empty store is not "no
+//! demand").
 //! The decisions themselves are core's ([`gpu_stack_core::operator::migdemand`]).
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -26,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use gpu_stack_core::mig::Demand;
 use gpu_stack_core::operator::labels::Labels;
 use gpu_stack_core::operator::migdemand::{
@@ -160,13 +165,13 @@ fn demand_text(d: &BTreeMap<String, u32>) -> String {
 /// The controller over a live cluster.
 pub struct DemandController {
     client: Client,
-    pods: Store<Pod>,
     mig_configs: Store<MigConfig>,
 }
 
 impl DemandController {
-    /// One decision over every demand-mode MigConfig.
-    pub async fn decide_all(&self) -> Result<(), DemandError> {
+    /// One decision over every demand-mode MigConfig, given the pods the
+    /// scheduler has not placed.
+    pub async fn decide_all(&self, pods: &[Arc<Pod>]) -> Result<(), DemandError> {
         let configs: Vec<Arc<MigConfig>> = self
             .mig_configs
             .state()
@@ -176,9 +181,7 @@ impl DemandController {
         if configs.is_empty() {
             return Ok(());
         }
-        let pending: Vec<PendingPod> = self
-            .pods
-            .state()
+        let pending: Vec<PendingPod> = pods
             .iter()
             .filter(|p| p.spec.as_ref().is_none_or(|s| s.node_name.is_none()))
             .map(|p| PendingPod {
@@ -374,20 +377,45 @@ fn batch_window(configs: &Store<MigConfig>) -> Duration {
         .unwrap_or_else(|| DemandSettings::default().batch())
 }
 
+/// Whether the pending-pod watch should run: only while some MigConfig is
+/// in demand mode.
+fn wants_pending_pods<'a>(configs: impl IntoIterator<Item = &'a MigConfig>) -> bool {
+    configs.into_iter().any(MigConfig::is_demand)
+}
+
+/// The watch of unplaced pods, held only while [`wants_pending_pods`].
+struct PendingWatch {
+    store: Store<Pod>,
+    /// `true` for the event that ends a (re)list.
+    events: BoxStream<'static, bool>,
+    /// The first list has completed: the store holds every pending pod.
+    listed: bool,
+}
+
+impl PendingWatch {
+    fn start(client: &Client) -> Self {
+        let (store, writer) = reflector::store();
+        let events = watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().fields(PENDING_SELECTOR),
+        )
+        .default_backoff()
+        .modify(strip_pod)
+        .reflect(writer)
+        .map(|e| matches!(e, Ok(watcher::Event::InitDone)))
+        .boxed();
+        PendingWatch {
+            store,
+            events,
+            listed: false,
+        }
+    }
+}
+
 /// Runs the demand controller until `shutdown` resolves.
 pub async fn run_demand(client: Client, shutdown: impl Future<Output = ()> + Send) {
-    let (pods, pod_writer) = reflector::store();
-    let pod_changes = watcher(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields(PENDING_SELECTOR),
-    )
-    .default_backoff()
-    .modify(strip_pod)
-    .reflect(pod_writer)
-    .map(|_| ())
-    .boxed();
     let (mig_configs, mig_writer) = reflector::store();
-    let mig_changes = watcher(
+    let mut mig_changes = watcher(
         Api::<MigConfig>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -397,10 +425,9 @@ pub async fn run_demand(client: Client, shutdown: impl Future<Output = ()> + Sen
     .boxed();
     let controller = DemandController {
         client,
-        pods,
         mig_configs,
     };
-    let mut triggers = futures::stream::select(pod_changes, mig_changes);
+    let mut pending: Option<PendingWatch> = None;
     let mut resync = tokio::time::interval(RESYNC);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut deadline: Option<tokio::time::Instant> = None;
@@ -408,29 +435,57 @@ pub async fn run_demand(client: Client, shutdown: impl Future<Output = ()> + Sen
     tokio::pin!(shutdown);
     loop {
         let due = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now));
-        tokio::select! {
+        let pod_event = async {
+            match pending.as_mut() {
+                Some(w) => w.events.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        let triggered = tokio::select! {
             () = &mut shutdown => break,
-            t = triggers.next() => {
+            t = mig_changes.next() => {
                 if t.is_none() {
                     break;
                 }
-                // A quiet period: each trigger moves the decision to one
-                // window after it, at most four windows after the first.
-                let now = tokio::time::Instant::now();
-                let window = batch_window(&controller.mig_configs);
-                let first = *burst.get_or_insert(now);
-                deadline = Some((now + window).min(first + window * 4));
+                let wanted = wants_pending_pods(controller.mig_configs.state().iter().map(|m| &**m));
+                match (wanted, pending.is_some()) {
+                    (true, false) => pending = Some(PendingWatch::start(&controller.client)),
+                    (false, true) => pending = None,
+                    _ => {}
+                }
+                true
+            }
+            e = pod_event => {
+                let Some(init_done) = e else { break };
+                if let Some(w) = pending.as_mut() {
+                    w.listed |= init_done;
+                }
+                true
             }
             _ = resync.tick() => {
                 deadline.get_or_insert_with(tokio::time::Instant::now);
+                false
             }
             () = due, if deadline.is_some() => {
                 deadline = None;
                 burst = None;
-                if let Err(e) = controller.decide_all().await {
+                // Without the watch there is no demand-mode MigConfig, so
+                // nothing to decide; before its first list, wait for it.
+                if let Some(w) = pending.as_ref().filter(|w| w.listed)
+                    && let Err(e) = controller.decide_all(&w.store.state()).await
+                {
                     tracing::warn!(error = %e, "demand decision failed");
                 }
+                false
             }
+        };
+        if triggered {
+            // A quiet period: each trigger moves the decision to one
+            // window after it, at most four windows after the first.
+            let now = tokio::time::Instant::now();
+            let window = batch_window(&controller.mig_configs);
+            let first = *burst.get_or_insert(now);
+            deadline = Some((now + window).min(first + window * 4));
         }
     }
 }
@@ -438,6 +493,33 @@ pub async fn run_demand(client: Client, shutdown: impl Future<Output = ()> + Sen
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mig_config(name: &str, mode: &str, deleting: bool) -> MigConfig {
+        let mut meta = serde_json::json!({"name": name});
+        if deleting {
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpustack.io/v1alpha1",
+            "kind": "MigConfig",
+            "metadata": meta,
+            "spec": {"mode": mode, "layouts": [{"config": "all-1g.10gb"}]},
+        }))
+        .unwrap()
+    }
+
+    /// A cluster without a demand-mode MigConfig sends the operator none
+    /// of its pending pods: the watch runs only while one exists.
+    #[test]
+    fn pending_pods_are_watched_only_while_a_demand_mig_config_exists() {
+        let fixed = mig_config("fixed", "Static", false);
+        let demand = mig_config("on-demand", "Demand", false);
+        let leaving = mig_config("leaving", "Demand", true);
+        assert!(!wants_pending_pods([]));
+        assert!(!wants_pending_pods([&fixed]));
+        assert!(!wants_pending_pods([&fixed, &leaving]));
+        assert!(wants_pending_pods([&fixed, &demand]));
+    }
 
     #[test]
     fn mig_requests_sum_over_containers_and_skip_other_resources() {
