@@ -774,11 +774,20 @@ async fn pod_bytes(client: &Client, namespace: &str) -> Result<PodBytes> {
     }
 }
 
-/// CPU time (user + system, seconds) used so far by the test control plane's
-/// processes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
-/// (kwok, the nodes' stand-in, reported apart), read from the pid files the
-/// cluster keeps beside its kubeconfig.
-fn control_plane_cpu_seconds(kubeconfig: &Path) -> (f64, f64) {
+/// The test cluster's processes whose CPU time the bench reports: the
+/// control plane, then kwok (the nodes' stand-in, reported apart).
+const CLUSTER_PROCESSES: [&str; 5] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+];
+
+/// CPU time (user + system, seconds) used so far by each of
+/// [`CLUSTER_PROCESSES`], read from the pid files the cluster keeps beside
+/// its kubeconfig (0 for a process it does not run).
+fn cluster_cpu_seconds(kubeconfig: &Path) -> [f64; 5] {
     let pids = kubeconfig.parent().map(|d| d.join("pids"));
     // Clock ticks per second: 100 on every Linux this runs on (USER_HZ).
     let ticks = |name: &str| -> f64 {
@@ -801,16 +810,7 @@ fn control_plane_cpu_seconds(kubeconfig: &Path) -> (f64, f64) {
         };
         (field(11) + field(12)) / 100.0
     };
-    let control_plane = [
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-    ]
-    .iter()
-    .map(|n| ticks(n))
-    .sum();
-    (control_plane, ticks("kwok"))
+    CLUSTER_PROCESSES.map(ticks)
 }
 
 /// Sum of every sample of `name` (all label sets) from a replica's /metrics.
@@ -1091,7 +1091,7 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         Ok((metric(&op, "gpu_stack_operator_leader").await == Some(1.0)).then_some(()))
     })
     .await?;
-    let (cpu_before, kwok_before) = control_plane_cpu_seconds(cluster.kubeconfig());
+    let cpu_before = cluster_cpu_seconds(cluster.kubeconfig());
     let t = std::time::Instant::now();
     apply_policy(&admin, "cluster-policy", spec.clone()).await?;
     wait_for("ClusterPolicy ready", Duration::from_secs(900), || async {
@@ -1114,14 +1114,25 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     )
     .await?;
     let pods = t.elapsed().as_secs_f64();
-    let (cpu_after, kwok_after) = control_plane_cpu_seconds(cluster.kubeconfig());
+    let cpu_after = cluster_cpu_seconds(cluster.kubeconfig());
     println!(
         "bench: operator ClusterPolicy -> status ready: {ready:.1}s; -> device-plugin Running on {count} nodes: {pods:.1}s"
     );
+    let used: Vec<f64> = cpu_after
+        .iter()
+        .zip(cpu_before)
+        .map(|(a, b)| a - b)
+        .collect();
+    let each: Vec<String> = CLUSTER_PROCESSES[..4]
+        .iter()
+        .zip(&used)
+        .map(|(n, s)| format!("{n} {s:.1}"))
+        .collect();
     println!(
-        "bench: control-plane CPU during the rollout: {:.1} CPU-s (etcd, kube-apiserver, kube-controller-manager, kube-scheduler); kwok {:.1} CPU-s",
-        cpu_after - cpu_before,
-        kwok_after - kwok_before
+        "bench: control-plane CPU during the rollout: {:.1} CPU-s ({}); kwok {:.1} CPU-s",
+        used[..4].iter().sum::<f64>(),
+        each.join(", "),
+        used[4]
     );
     let bytes = pod_bytes(&admin, &namespace).await?;
     println!(
