@@ -813,6 +813,32 @@ fn cluster_cpu_seconds(kubeconfig: &Path) -> [f64; 5] {
     CLUSTER_PROCESSES.map(ticks)
 }
 
+/// CPU-seconds each of [`CLUSTER_PROCESSES`] used between two readings.
+struct CpuUsed([f64; 5]);
+
+impl CpuUsed {
+    fn between(before: [f64; 5], after: [f64; 5]) -> Self {
+        CpuUsed(std::array::from_fn(|i| after[i] - before[i]))
+    }
+}
+
+impl std::fmt::Display for CpuUsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let each: Vec<String> = CLUSTER_PROCESSES[..4]
+            .iter()
+            .zip(&self.0)
+            .map(|(n, s)| format!("{n} {s:.1}"))
+            .collect();
+        write!(
+            f,
+            "control plane {:.1} CPU-s ({}); kwok {:.1} CPU-s",
+            self.0[..4].iter().sum::<f64>(),
+            each.join(", "),
+            self.0[4]
+        )
+    }
+}
+
 /// Sum of every sample of `name` (all label sets) from a replica's /metrics.
 async fn metric_sum(replica: &Replica, name: &str) -> f64 {
     metrics_page(replica)
@@ -965,7 +991,7 @@ async fn floor(
     kind: FloorPods,
     operands: &[DaemonSet],
     count: usize,
-) -> Result<f64> {
+) -> Result<(f64, String)> {
     let floor_ns = cluster.create_namespace("gpu-floor").await?;
     let objects = floor_objects(kind, operands)?;
     let accounts = Api::<ServiceAccount>::namespaced(cluster.client(), &floor_ns);
@@ -985,6 +1011,7 @@ async fn floor(
             classes.create(&PostParams::default(), &rc).await?;
         }
     }
+    let cpu_before = cluster_cpu_seconds(cluster.kubeconfig());
     let t = std::time::Instant::now();
     for obj in objects {
         if obj["kind"] == "ServiceAccount" {
@@ -1008,6 +1035,13 @@ async fn floor(
     )
     .await?;
     let floor = t.elapsed().as_secs_f64();
+    let cpu = CpuUsed::between(cpu_before, cluster_cpu_seconds(cluster.kubeconfig()));
+    let bytes = pod_bytes(&cluster.client(), &floor_ns).await?;
+    let note = format!(
+        "{cpu}; {} bytes per pod (managedFields {})",
+        bytes.total / bytes.pods.max(1),
+        bytes.managed_fields / bytes.pods.max(1)
+    );
     cluster.delete_namespace(&floor_ns).await?;
     // The floor's pods must be gone before the next measurement.
     wait_for(
@@ -1022,7 +1056,7 @@ async fn floor(
         },
     )
     .await?;
-    Ok(floor)
+    Ok((floor, note))
 }
 
 /// 1,000-node benchmark (run by `scripts/bench-operator.sh`, not by default):
@@ -1077,13 +1111,18 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     println!("bench: policy spec {spec}");
     let operands = operand_daemonsets(&spec, &GpuFleet::new(format!("{prefix}-n"), count))?;
     let n = operands.len();
-    let plain_before = floor(&cluster, FloorPods::Plain, &operands, count).await?;
+    // The first rollout after the nodes join also pays for their start
+    // (heartbeats, leases, controllers' first look at each node): a warm-up
+    // round, reported and left out of the comparison.
+    let (warm_up, cpu) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
+    println!("bench: warm-up floor (not counted): {warm_up:.1}s; {cpu}");
+    let (plain_before, cpu) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
     println!(
-        "bench: control-plane floor ({n} plain DaemonSets ready on {count} nodes): {plain_before:.1}s"
+        "bench: control-plane floor ({n} plain DaemonSets ready on {count} nodes): {plain_before:.1}s; {cpu}"
     );
-    let same_before = floor(&cluster, FloorPods::Operands, &operands, count).await?;
+    let (same_before, cpu) = floor(&cluster, FloorPods::Operands, &operands, count).await?;
     println!(
-        "bench: same-pods floor (the operator's {n} DaemonSets, applied directly): {same_before:.1}s"
+        "bench: same-pods floor (the operator's {n} DaemonSets, applied directly): {same_before:.1}s; {cpu}"
     );
 
     let op = Replica::start(&bin, &kubeconfig, &namespace, "bench", free_port()?)?;
@@ -1118,21 +1157,9 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     println!(
         "bench: operator ClusterPolicy -> status ready: {ready:.1}s; -> device-plugin Running on {count} nodes: {pods:.1}s"
     );
-    let used: Vec<f64> = cpu_after
-        .iter()
-        .zip(cpu_before)
-        .map(|(a, b)| a - b)
-        .collect();
-    let each: Vec<String> = CLUSTER_PROCESSES[..4]
-        .iter()
-        .zip(&used)
-        .map(|(n, s)| format!("{n} {s:.1}"))
-        .collect();
     println!(
-        "bench: control-plane CPU during the rollout: {:.1} CPU-s ({}); kwok {:.1} CPU-s",
-        used[..4].iter().sum::<f64>(),
-        each.join(", "),
-        used[4]
+        "bench: CPU during the rollout: {}",
+        CpuUsed::between(cpu_before, cpu_after)
     );
     let bytes = pod_bytes(&admin, &namespace).await?;
     println!(
@@ -1192,8 +1219,10 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         Ok(left.items.is_empty().then_some(()))
     })
     .await?;
-    let same_after = floor(&cluster, FloorPods::Operands, &operands, count).await?;
-    let plain_after = floor(&cluster, FloorPods::Plain, &operands, count).await?;
+    let (same_after, same_cpu) = floor(&cluster, FloorPods::Operands, &operands, count).await?;
+    let (plain_after, plain_cpu) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
+    println!("bench: same-pods floor again: {same_after:.1}s; {same_cpu}");
+    println!("bench: control-plane floor again: {plain_after:.1}s; {plain_cpu}");
     let plain = (plain_before + plain_after) / 2.0;
     let same = (same_before + same_after) / 2.0;
     println!(
