@@ -725,7 +725,8 @@ struct PodBytes {
     status: usize,
 }
 
-async fn pod_bytes(client: &Client, namespace: &str) -> Result<PodBytes> {
+/// `dump`: a directory to write one pod of each app into, as served.
+async fn pod_bytes(client: &Client, namespace: &str, dump: Option<&Path>) -> Result<PodBytes> {
     let mut out = PodBytes::default();
     let mut next: Option<String> = None;
     loop {
@@ -741,12 +742,11 @@ async fn pod_bytes(client: &Client, namespace: &str) -> Result<PodBytes> {
                 .as_str()
                 .unwrap_or("-")
                 .to_string();
-            // GPU_STACK_BENCH_DUMP_DIR: one pod of each app, as served, to read.
-            if let Ok(dir) = std::env::var("GPU_STACK_BENCH_DUMP_DIR")
+            if let Some(dir) = dump
                 && !out.by_app.contains_key(&app)
             {
                 std::fs::write(
-                    Path::new(&dir).join(format!("{app}.json")),
+                    dir.join(format!("{app}.json")),
                     serde_json::to_vec_pretty(&pod)?,
                 )?;
             }
@@ -813,6 +813,10 @@ fn cluster_cpu_seconds(kubeconfig: &Path) -> [f64; 5] {
     CLUSTER_PROCESSES.map(ticks)
 }
 
+/// Index of kwok in [`CLUSTER_PROCESSES`]: the processes before it are the
+/// control plane.
+const KWOK: usize = 4;
+
 /// CPU-seconds each of [`CLUSTER_PROCESSES`] used between two readings.
 struct CpuUsed([f64; 5]);
 
@@ -824,17 +828,18 @@ impl CpuUsed {
 
 impl std::fmt::Display for CpuUsed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let each: Vec<String> = CLUSTER_PROCESSES[..4]
+        let (control_plane, kwok) = self.0.split_at(KWOK);
+        let each: Vec<String> = CLUSTER_PROCESSES
             .iter()
-            .zip(&self.0)
+            .zip(control_plane)
             .map(|(n, s)| format!("{n} {s:.1}"))
             .collect();
         write!(
             f,
             "control plane {:.1} CPU-s ({}); kwok {:.1} CPU-s",
-            self.0[..4].iter().sum::<f64>(),
+            control_plane.iter().sum::<f64>(),
             each.join(", "),
-            self.0[4]
+            kwok.iter().sum::<f64>()
         )
     }
 }
@@ -985,7 +990,8 @@ fn floor_objects(kind: FloorPods, operands: &[DaemonSet]) -> Result<Vec<serde_js
 /// Control-plane floor for the operator benchmark: the DaemonSets of
 /// [`floor_objects`] (and the ServiceAccounts their pods name), timed from
 /// creation until every one reports a ready pod on each of `count` nodes;
-/// the namespace is deleted and its pods gone before this returns.
+/// the namespace is deleted and its pods gone before this returns. Returns
+/// the seconds and a note of the CPU it cost and the bytes of its pods.
 async fn floor(
     cluster: &TestCluster,
     kind: FloorPods,
@@ -1036,7 +1042,7 @@ async fn floor(
     .await?;
     let floor = t.elapsed().as_secs_f64();
     let cpu = CpuUsed::between(cpu_before, cluster_cpu_seconds(cluster.kubeconfig()));
-    let bytes = pod_bytes(&cluster.client(), &floor_ns).await?;
+    let bytes = pod_bytes(&cluster.client(), &floor_ns, None).await?;
     let note = format!(
         "{cpu}; {} bytes per pod (managedFields {})",
         bytes.total / bytes.pods.max(1),
@@ -1114,15 +1120,15 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     // The first rollout after the nodes join also pays for their start
     // (heartbeats, leases, controllers' first look at each node): a warm-up
     // round, reported and left out of the comparison.
-    let (warm_up, cpu) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
-    println!("bench: warm-up floor (not counted): {warm_up:.1}s; {cpu}");
-    let (plain_before, cpu) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
+    let (warm_up, note) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
+    println!("bench: warm-up floor (not counted): {warm_up:.1}s; {note}");
+    let (plain_before, note) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
     println!(
-        "bench: control-plane floor ({n} plain DaemonSets ready on {count} nodes): {plain_before:.1}s; {cpu}"
+        "bench: control-plane floor ({n} plain DaemonSets ready on {count} nodes): {plain_before:.1}s; {note}"
     );
-    let (same_before, cpu) = floor(&cluster, FloorPods::Operands, &operands, count).await?;
+    let (same_before, note) = floor(&cluster, FloorPods::Operands, &operands, count).await?;
     println!(
-        "bench: same-pods floor (the operator's {n} DaemonSets, applied directly): {same_before:.1}s; {cpu}"
+        "bench: same-pods floor (the operator's {n} DaemonSets, applied directly): {same_before:.1}s; {note}"
     );
 
     let op = Replica::start(&bin, &kubeconfig, &namespace, "bench", free_port()?)?;
@@ -1161,7 +1167,9 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         "bench: CPU during the rollout: {}",
         CpuUsed::between(cpu_before, cpu_after)
     );
-    let bytes = pod_bytes(&admin, &namespace).await?;
+    // GPU_STACK_BENCH_DUMP_DIR: one operand pod of each DaemonSet, to read.
+    let dump = std::env::var_os("GPU_STACK_BENCH_DUMP_DIR").map(PathBuf::from);
+    let bytes = pod_bytes(&admin, &namespace, dump.as_deref()).await?;
     println!(
         "bench: operand pods as stored: {} pods, {} bytes of JSON ({} per GPU node, {} per pod); managedFields {}, other metadata {}, spec {}, status {}",
         bytes.pods,
@@ -1219,14 +1227,14 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         Ok(left.items.is_empty().then_some(()))
     })
     .await?;
-    let (same_after, same_cpu) = floor(&cluster, FloorPods::Operands, &operands, count).await?;
-    let (plain_after, plain_cpu) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
-    println!("bench: same-pods floor again: {same_after:.1}s; {same_cpu}");
-    println!("bench: control-plane floor again: {plain_after:.1}s; {plain_cpu}");
+    let (same_after, note) = floor(&cluster, FloorPods::Operands, &operands, count).await?;
+    println!("bench: same-pods floor again: {same_after:.1}s; {note}");
+    let (plain_after, note) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
+    println!("bench: control-plane floor again: {plain_after:.1}s; {note}");
     let plain = (plain_before + plain_after) / 2.0;
     let same = (same_before + same_after) / 2.0;
     println!(
-        "bench: floors again: same pods {same_after:.1}s, plain {plain_after:.1}s; operator ready {ready:.1}s vs mean same-pods floor {same:.1}s: {:+.1}s; vs mean plain floor {plain:.1}s: {:+.1}s",
+        "bench: operator ready {ready:.1}s vs mean same-pods floor {same:.1}s: {:+.1}s; vs mean plain floor {plain:.1}s: {:+.1}s",
         ready - same,
         ready - plain
     );

@@ -456,9 +456,15 @@ pub async fn run_demand(client: Client, shutdown: impl Future<Output = ()> + Sen
                 true
             }
             e = pod_event => {
-                let Some(init_done) = e else { break };
-                if let Some(w) = pending.as_mut() {
-                    w.listed |= init_done;
+                match e {
+                    Some(init_done) => {
+                        if let Some(w) = pending.as_mut() {
+                            w.listed |= init_done;
+                        }
+                    }
+                    // A watch with backoff does not end; if it did, a new
+                    // one lists again rather than stopping the controller.
+                    None => pending = Some(PendingWatch::start(&controller.client)),
                 }
                 true
             }
