@@ -1095,10 +1095,9 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     let rbac = install_chart_rbac(&admin, &release, &namespace).await?;
     let kubeconfig = chart_kubeconfig(&cluster, &admin, &rbac, &namespace, &tmp).await?;
 
+    let fleet = GpuFleet::new(format!("{prefix}-n"), count);
     let t = std::time::Instant::now();
-    let names = cluster
-        .create_gpu_nodes(&GpuFleet::new(format!("{prefix}-n"), count))
-        .await?;
+    let names = cluster.create_gpu_nodes(&fleet).await?;
     println!(
         "bench: created {} nodes in {:.1}s",
         names.len(),
@@ -1115,7 +1114,7 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         Err(_) => serde_json::json!({"driver": {"enabled": true}}),
     };
     println!("bench: policy spec {spec}");
-    let operands = operand_daemonsets(&spec, &GpuFleet::new(format!("{prefix}-n"), count))?;
+    let operands = operand_daemonsets(&spec, &fleet)?;
     let n = operands.len();
     // The first rollout after the nodes join also pays for their start
     // (heartbeats, leases, controllers' first look at each node): a warm-up
@@ -1130,6 +1129,24 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     println!(
         "bench: same-pods floor (the operator's {n} DaemonSets, applied directly): {same_before:.1}s; {note}"
     );
+    // With the node agent, one more floor: plain DaemonSets as many as the
+    // same policy runs without it (a DaemonSet per component, NVIDIA's
+    // layout), the leanest the control plane deploys that stack in.
+    let mut separate = spec.clone();
+    if let Some(s) = separate.as_object_mut() {
+        s.remove("nodeAgent");
+    }
+    let stack = operand_daemonsets(&separate, &fleet)?;
+    let stack_before = if stack.len() == n {
+        None
+    } else {
+        let (secs, note) = floor(&cluster, FloorPods::Plain, &stack, count).await?;
+        println!(
+            "bench: stack floor ({} plain DaemonSets, one per component without the node agent): {secs:.1}s; {note}",
+            stack.len()
+        );
+        Some(secs)
+    };
 
     let op = Replica::start(&bin, &kubeconfig, &namespace, "bench", free_port()?)?;
     wait_for("operator leads", LONG, || async {
@@ -1234,10 +1251,22 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     let plain = (plain_before + plain_after) / 2.0;
     let same = (same_before + same_after) / 2.0;
     println!(
-        "bench: operator ready {ready:.1}s vs mean same-pods floor {same:.1}s: {:+.1}s; vs mean plain floor {plain:.1}s: {:+.1}s",
+        "bench: operator ready {ready:.1}s vs mean same-pods floor {same:.1}s: {:+.1}s ({:.2}x); vs mean plain floor {plain:.1}s: {:+.1}s ({:.2}x)",
         ready - same,
-        ready - plain
+        ready / same,
+        ready - plain,
+        ready / plain
     );
+    if let Some(before) = stack_before {
+        let (after, note) = floor(&cluster, FloorPods::Plain, &stack, count).await?;
+        println!("bench: stack floor again: {after:.1}s; {note}");
+        let stack_mean = (before + after) / 2.0;
+        println!(
+            "bench: operator ready {ready:.1}s vs mean stack floor {stack_mean:.1}s: {:+.1}s ({:.2}x)",
+            ready - stack_mean,
+            ready / stack_mean
+        );
+    }
 
     cluster.delete_nodes(&names).await?;
     delete_applied(&admin, &rbac).await;
