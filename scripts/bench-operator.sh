@@ -2,13 +2,14 @@
 # Benchmarks the gpu-operator binary on the local test control plane with
 # 1,000 fake GPU nodes (GPU_STACK_BENCH_NODES to change): time from
 # ClusterPolicy creation to status ready and to device-plugin pods Running on
-# every node, against two floors measured in the same run, before and after
-# the operator (as many plain DaemonSets to the same nodes; the operator's own
-# DaemonSets applied directly, so the same pods), after one warm-up round that
-# is not counted, each with the control plane's CPU-seconds per process and
-# the bytes of its pods; the operator's peak RSS; the
-# API requests it issued; and the writes it makes on a resync with nothing to
-# change (must be 0).
+# every node, against floors measured in the same run, before and after the
+# operator (as many plain DaemonSets to the same nodes; the operator's own
+# DaemonSets applied directly, so the same pods; with the node agent, the
+# stack floor: as many plain DaemonSets as the policy runs without it), after
+# one warm-up round that is not counted, each with the control plane's
+# CPU-seconds per process and the bytes of its pods; the operator's peak RSS;
+# the API requests it issued; and the writes it makes on a resync with
+# nothing to change (must be 0).
 #
 # Usage: scripts/bench-operator.sh          (starts and stops its own cluster)
 #        KUBECONFIG-less; set GPU_STACK_E2E_KUBECONFIG to reuse a running cluster.
