@@ -109,6 +109,9 @@ fn count(layout: &[PlacedInstance], p: &MigProfileName) -> u32 {
     u32::try_from(layout.iter().filter(|i| i.profile == *p).count()).unwrap_or(u32::MAX)
 }
 
+/// Most planning passes one decision makes (each serves strictly more).
+const MAX_PASSES: usize = 16;
+
 /// Decides which nodes change layout for `pending` (from
 /// [`demand_from_requests`]) at unix time `now`.
 pub fn decide(
@@ -117,7 +120,87 @@ pub fn decide(
     limits: &DemandLimits,
     now: u64,
 ) -> Result<DemandDecision, PlanError> {
-    let mut out = DemandDecision::default();
+    // A plan fills GPUs one after another, so carrying it out can leave room
+    // that planning again would use. Planning again from its result until a
+    // pass serves no more makes a carried-out decision settle: the next
+    // decision on the same demand changes nothing.
+    let mut state: Vec<DemandNode<'_>> = nodes.to_vec();
+    let mut changed_order: Vec<usize> = Vec::new();
+    let mut unmet = Demand::new();
+    for _ in 0..MAX_PASSES {
+        let pass = plan_pass(&state, pending, limits, now)?;
+        unmet = pass.unmet;
+        if pass.changes.is_empty() {
+            break;
+        }
+        for (node, targets) in pass.changes {
+            if !changed_order.contains(&node) {
+                changed_order.push(node);
+            }
+            for (gpu, target) in targets {
+                state[node].gpus[gpu].current = target;
+            }
+        }
+    }
+    let mut changes: Vec<NodeLayout> = changed_order
+        .into_iter()
+        .filter(|&k| {
+            state[k]
+                .gpus
+                .iter()
+                .zip(&nodes[k].gpus)
+                .any(|(a, b)| !same_layout(&a.current, &b.current))
+        })
+        .map(|k| NodeLayout {
+            node: state[k].name.clone(),
+            gpus: state[k]
+                .gpus
+                .iter()
+                .map(|g| (g.id.clone(), g.current.clone()))
+                .collect(),
+        })
+        .collect();
+    let mut out = DemandDecision {
+        unmet,
+        ..DemandDecision::default()
+    };
+    if changes.len() > limits.max_nodes_per_pass {
+        out.deferred = changes
+            .split_off(limits.max_nodes_per_pass)
+            .into_iter()
+            .map(|c| c.node)
+            .collect();
+    }
+    changes.sort_by(|a, b| a.node.cmp(&b.node));
+    out.changes = changes;
+    Ok(out)
+}
+
+/// Whether two layouts hold the same instances, in any order.
+fn same_layout(a: &[PlacedInstance], b: &[PlacedInstance]) -> bool {
+    sorted(a) == sorted(b)
+}
+
+/// A GPU's index on its node and its target layout.
+type GpuTarget = (usize, Vec<PlacedInstance>);
+
+/// One planning pass: the GPUs to change (node index, then GPU targets,
+/// most idle room first) and what its plan leaves unmet.
+struct Pass {
+    changes: Vec<(usize, Vec<GpuTarget>)>,
+    unmet: Demand,
+}
+
+fn plan_pass(
+    nodes: &[DemandNode<'_>],
+    pending: &Demand,
+    limits: &DemandLimits,
+    now: u64,
+) -> Result<Pass, PlanError> {
+    let mut out = Pass {
+        changes: Vec::new(),
+        unmet: Demand::new(),
+    };
     // Pending requests idle instances already serve need no change.
     let unmet_now: Demand = pending
         .iter()
@@ -149,7 +232,7 @@ pub fn decide(
         n.last_change
             .is_some_and(|t| now.saturating_sub(t) < limits.min_interval_seconds)
     };
-    let mut order: Vec<&DemandNode<'_>> = nodes.iter().collect();
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
     let room = |n: &DemandNode<'_>| -> usize {
         n.gpus
             .iter()
@@ -157,7 +240,8 @@ pub fn decide(
             .sum::<usize>()
             + n.gpus.iter().filter(|g| g.current.is_empty()).count() * 8
     };
-    order.sort_by(|a, b| {
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&nodes[a], &nodes[b]);
         held(a)
             .cmp(&held(b))
             .then(room(b).cmp(&room(a)))
@@ -167,11 +251,12 @@ pub fn decide(
     // are planned as fixed; the smallest `k` that serves as much as letting
     // every node change wins (a binary search: letting more nodes change
     // never serves less).
-    let free = order.iter().filter(|n| !held(n)).count();
+    let free = order.iter().filter(|&&n| !held(&nodes[n])).count();
     let plan_with = |k: usize| -> Result<(FleetPlan, Vec<usize>), PlanError> {
         let mut fleet: Vec<FleetGpu<'_>> = Vec::new();
         let mut owner: Vec<usize> = Vec::new();
-        for (j, n) in order.iter().enumerate() {
+        for (j, &n) in order.iter().enumerate() {
+            let n = &nodes[n];
             for g in &n.gpus {
                 let mut g = g.clone();
                 if held(n) || j >= k {
@@ -195,6 +280,7 @@ pub fn decide(
         v.dedup();
         v.len()
     };
+    let unchanged = plan_with(0)?;
     let all = plan_with(free)?;
     let target = unmet_of(&all.0);
     let (mut lo, mut hi) = (0usize, free);
@@ -213,33 +299,26 @@ pub fn decide(
         Some(b) if nodes_changed(&b) <= nodes_changed(&all) => b,
         _ => all,
     };
-    let mut changed: BTreeMap<usize, NodeLayout> = BTreeMap::new();
+    // A change must serve more than the layouts as they are.
+    let (plan, owner) = if unmet_of(&plan) < unmet_of(&unchanged.0) {
+        (plan, owner)
+    } else {
+        unchanged
+    };
+    let mut changed: BTreeMap<usize, Vec<GpuTarget>> = BTreeMap::new();
     for (i, gp) in plan.gpus.iter().enumerate() {
         if gp.changes() {
-            let k = owner[i];
-            changed.entry(k).or_insert_with(|| NodeLayout {
-                node: order[k].name.clone(),
-                gpus: Vec::new(),
-            });
+            changed.entry(owner[i]).or_default();
         }
     }
-    for (k, layout) in changed.iter_mut() {
-        for (i, gp) in plan.gpus.iter().enumerate() {
-            if owner[i] == *k {
-                layout.gpus.push((gp.gpu.clone(), gp.target.clone()));
-            }
-        }
+    for (k, targets) in changed.iter_mut() {
+        let gpus = plan.gpus.iter().zip(&owner).filter(|(_, o)| *o == k);
+        targets.extend(gpus.enumerate().map(|(g, (gp, _))| (g, gp.target.clone())));
     }
-    let mut changes: Vec<NodeLayout> = changed.into_values().collect();
-    if changes.len() > limits.max_nodes_per_pass {
-        out.deferred = changes
-            .split_off(limits.max_nodes_per_pass)
-            .into_iter()
-            .map(|c| c.node)
-            .collect();
-    }
-    changes.sort_by(|a, b| a.node.cmp(&b.node));
-    out.changes = changes;
+    out.changes = changed
+        .into_iter()
+        .map(|(k, targets)| (order[k], targets))
+        .collect();
     out.unmet = plan
         .profiles
         .iter()
