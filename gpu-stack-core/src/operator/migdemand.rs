@@ -137,8 +137,8 @@ pub fn decide(
             if !changed_order.contains(&node) {
                 changed_order.push(node);
             }
-            for (gpu, target) in targets {
-                state[node].gpus[gpu].current = target;
+            for (gpu, target) in state[node].gpus.iter_mut().zip(targets) {
+                gpu.current = target;
             }
         }
     }
@@ -181,13 +181,11 @@ fn same_layout(a: &[PlacedInstance], b: &[PlacedInstance]) -> bool {
     sorted(a) == sorted(b)
 }
 
-/// A GPU's index on its node and its target layout.
-type GpuTarget = (usize, Vec<PlacedInstance>);
-
-/// One planning pass: the GPUs to change (node index, then GPU targets,
-/// most idle room first) and what its plan leaves unmet.
+/// One planning pass: the nodes to change (node index and the target of
+/// each of its GPUs in the node's order, most idle room first) and what its
+/// plan leaves unmet.
 struct Pass {
-    changes: Vec<(usize, Vec<GpuTarget>)>,
+    changes: Vec<(usize, Vec<Vec<PlacedInstance>>)>,
     unmet: Demand,
 }
 
@@ -305,19 +303,17 @@ fn plan_pass(
     } else {
         unchanged
     };
-    let mut changed: BTreeMap<usize, Vec<GpuTarget>> = BTreeMap::new();
-    for (i, gp) in plan.gpus.iter().enumerate() {
-        if gp.changes() {
-            changed.entry(owner[i]).or_default();
-        }
+    // Per node in plan order: whether any GPU changes, and every GPU's target.
+    let mut targets: BTreeMap<usize, (bool, Vec<Vec<PlacedInstance>>)> = BTreeMap::new();
+    for (gp, &k) in plan.gpus.iter().zip(&owner) {
+        let (changes, gpus) = targets.entry(k).or_default();
+        *changes |= gp.changes();
+        gpus.push(gp.target.clone());
     }
-    for (k, targets) in changed.iter_mut() {
-        let gpus = plan.gpus.iter().zip(&owner).filter(|(_, o)| *o == k);
-        targets.extend(gpus.enumerate().map(|(g, (gp, _))| (g, gp.target.clone())));
-    }
-    out.changes = changed
+    out.changes = targets
         .into_iter()
-        .map(|(k, targets)| (order[k], targets))
+        .filter(|(_, (changes, _))| *changes)
+        .map(|(k, (_, gpus))| (order[k], gpus))
         .collect();
     out.unmet = plan
         .profiles
