@@ -13,7 +13,7 @@ use gpu_stack_core::catalog::GpuModel;
 use gpu_stack_core::dra::counters::ModelDevice;
 use gpu_stack_core::dra::devices::{GpuDevices, PublishGpu, find_device, gpu_devices};
 use gpu_stack_core::mig::{MigGeometry, PlacedInstance};
-use gpu_stack_k8s::dra::slices::{SliceOwner, node_slices, publish};
+use gpu_stack_k8s::dra::slices::{SliceOwner, node_slices, publish, server_slice_shape};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -139,7 +139,8 @@ pub async fn publish_node(
         node: node.to_string(),
         node_uid,
     };
-    let slices = node_slices(DRIVER, &owner, 1, gpus);
+    let (_, shape) = server_slice_shape(client, node).await?;
+    let slices = node_slices(DRIVER, &owner, 1, shape, gpus);
     publish(client, DRIVER, node, &slices)
         .await
         .with_context(|| format!("publishing the ResourceSlices of {node}"))?;

@@ -32,3 +32,4 @@ pub mod cdi;
 pub mod counters;
 pub mod devices;
 pub mod prepare;
+pub mod slices;

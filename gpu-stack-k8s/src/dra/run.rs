@@ -15,7 +15,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams};
 
 use super::node::{KubeAllocations, NodeDriver, NodeDriverConfig, mig_manager_owns};
-use super::slices::{SliceOwner, node_slices, publish};
+use super::slices::{SliceError, SliceOwner, node_slices, publish, server_slice_shape};
 use crate::kubelet::dra::DraPlugin;
 
 /// What the process does.
@@ -84,6 +84,7 @@ pub async fn run(
     if let Some(reason) = mig_manager_owns(&options.node, &labels) {
         return Err(RunError::Refused(reason));
     }
+    let (_, shape) = server_slice_shape(&client, &options.node).await?;
     let owner = SliceOwner {
         node: options.node.clone(),
         node_uid: node.metadata.uid.clone(),
@@ -129,11 +130,11 @@ pub async fn run(
         .unwrap_or(0)
         + 1;
     let mut published: Vec<GpuDevices> = driver.published().await;
-    let writes = publish(
+    let writes = publish_checked(
         &client,
         &options.driver,
         &options.node,
-        &node_slices(&options.driver, &owner, generation, &published),
+        &node_slices(&options.driver, &owner, generation, shape, &published),
     )
     .await?;
     let devices: usize = published.iter().map(|g| g.devices.len()).sum();
@@ -167,8 +168,8 @@ pub async fn run(
         match driver.refresh().await {
             Ok(now) if now != published => {
                 generation += 1;
-                let slices = node_slices(&options.driver, &owner, generation, &now);
-                match publish(&client, &options.driver, &options.node, &slices).await {
+                let slices = node_slices(&options.driver, &owner, generation, shape, &now);
+                match publish_checked(&client, &options.driver, &options.node, &slices).await {
                     Ok(_) => {
                         tracing::info!(
                             generation,
@@ -176,6 +177,7 @@ pub async fn run(
                         );
                         published = now;
                     }
+                    Err(e @ RunError::Slices(SliceError::CountersDropped { .. })) => return Err(e),
                     Err(e) => {
                         tracing::warn!(error = %e, "publishing ResourceSlices failed; retrying")
                     }
@@ -193,6 +195,26 @@ pub async fn run(
             node: options.node,
             message: format!("the kubelet service task failed: {e}"),
         }),
+    }
+}
+
+/// Publishes, and where the API server dropped the counters, removes every
+/// slice of the driver on the node again: devices without their counters
+/// must not stay published.
+async fn publish_checked(
+    client: &kube::Client,
+    driver: &str,
+    node: &str,
+    slices: &[ResourceSlice],
+) -> Result<usize, RunError> {
+    match publish(client, driver, node, slices).await {
+        Err(dropped @ SliceError::CountersDropped { .. }) => {
+            if let Err(e) = publish(client, driver, node, &[]).await {
+                tracing::error!(error = %e, "removing the slices after the counters were dropped failed");
+            }
+            Err(dropped.into())
+        }
+        other => Ok(other?),
     }
 }
 
