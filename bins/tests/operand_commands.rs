@@ -30,7 +30,7 @@ fn pod(c: Component) -> PodSpec {
         namespace: "gpu-operator",
     };
     match render::daemonset(&ctx, c, None) {
-        Object::DaemonSet(ds) => ds.spec.unwrap().template.spec.unwrap(),
+        Object::DaemonSet(ds) => ds.spec.template.spec.unwrap(),
         other => panic!("not a DaemonSet: {other:?}"),
     }
 }

@@ -41,7 +41,7 @@ fn driver_sets(c: &InMemoryCluster) -> Vec<(String, String, Option<String>)> {
         .into_iter()
         .filter_map(|o| match o {
             Object::DaemonSet(ds) if ds.metadata.name.as_deref().unwrap().contains("driver") => {
-                let pod = ds.spec.unwrap().template.spec.unwrap();
+                let pod = ds.spec.template.spec.unwrap();
                 Some((
                     ds.metadata.name.unwrap(),
                     pod.containers[0].image.clone().unwrap(),
@@ -132,7 +132,7 @@ fn two_pools_get_their_own_versions_and_go_ready() {
         ds.metadata.labels.as_ref().unwrap()[NVIDIA_DRIVER_LABEL],
         "training"
     );
-    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let pod = ds.spec.template.spec.unwrap();
     assert_eq!(pod.priority_class_name.as_deref(), Some("gpu-critical"));
     let env = pod.containers[0].env.clone().unwrap();
     assert!(env.iter().any(|e| e.name == "EXTRA"));

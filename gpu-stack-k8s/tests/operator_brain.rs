@@ -103,7 +103,7 @@ fn summary(d: &Desired) -> String {
             key: o.key().to_string(),
             ds: match o {
                 Object::DaemonSet(ds) => {
-                    let spec = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+                    let spec = ds.spec.template.spec.as_ref().unwrap();
                     Some(Ds {
                         image: spec.containers[0].image.clone().unwrap_or_default(),
                         node_selector: &spec.node_selector,
@@ -122,8 +122,6 @@ fn summary(d: &Desired) -> String {
                             .collect(),
                         update_strategy: ds
                             .spec
-                            .as_ref()
-                            .unwrap()
                             .update_strategy
                             .as_ref()
                             .unwrap()
@@ -156,7 +154,7 @@ fn assert_admissible(d: &Desired) {
     for o in &d.objects {
         let Object::DaemonSet(ds) = o else { continue };
         let name = ds.metadata.name.clone().unwrap_or_default();
-        let spec = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let spec = ds.spec.template.spec.as_ref().unwrap();
         let all = spec
             .init_containers
             .iter()
@@ -463,7 +461,7 @@ fn reconcile_loop_converges_and_goes_ready() {
     let nodes = block_on(op.cluster().list_nodes()).unwrap();
     for o in op.cluster().objects() {
         if let Object::DaemonSet(ds) = &o {
-            let spec = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+            let spec = ds.spec.template.spec.as_ref().unwrap();
             for n in nodes
                 .iter()
                 .filter(|n| n.metadata.name.as_deref().unwrap().starts_with("cpu-"))
@@ -651,7 +649,7 @@ proptest! {
         apply(&d, &mut nodes, &mut current);
         for o in &current {
             if let Object::DaemonSet(ds) = o {
-                let spec = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+                let spec = ds.spec.template.spec.as_ref().unwrap();
                 for n in &nodes {
                     let gpu = n.metadata.labels.as_ref().unwrap().get("feature.node.kubernetes.io/pci-10de.present").is_some();
                     if !gpu {

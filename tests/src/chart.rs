@@ -211,16 +211,16 @@ pub async fn chart_kubeconfig(
             &sa,
             &PostParams::default(),
             &TokenRequest {
-                spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+                spec: Some(k8s_openapi::api::authentication::v1::TokenRequestSpec {
                     expiration_seconds: Some(3600),
                     ..Default::default()
-                },
+                }),
                 ..Default::default()
             },
         )
         .await?
         .status
-        .map(|s| s.token)
+        .and_then(|s| s.token)
         .ok_or_else(|| anyhow!("no token in TokenRequest answer"))?;
     token_kubeconfig(cluster.kubeconfig(), &token, tmp)
 }

@@ -396,7 +396,7 @@ pub fn gpu_probe_daemonset(name: &str, app: &str, run_label: &str, run: &str) ->
             name: Some(name.into()),
             ..ObjectMeta::default()
         },
-        spec: Some(DaemonSetSpec {
+        spec: DaemonSetSpec {
             selector: LabelSelector {
                 match_labels: Some(labels.clone()),
                 ..LabelSelector::default()
@@ -420,7 +420,7 @@ pub fn gpu_probe_daemonset(name: &str, app: &str, run_label: &str, run: &str) ->
                 }),
             },
             ..DaemonSetSpec::default()
-        }),
+        },
         ..DaemonSet::default()
     }
 }

@@ -98,8 +98,9 @@ async fn driver_sets(
         .map(|ds| {
             let image = ds
                 .spec
+                .template
+                .spec
                 .as_ref()
-                .and_then(|s| s.template.spec.as_ref())
                 .and_then(|p| p.containers.first())
                 .and_then(|c| c.image.clone())
                 .unwrap_or_default();

@@ -289,8 +289,7 @@ impl Hosted {
         let agent_containers = all
             .iter()
             .filter(|d| d.name_any() == NODE_AGENT_NAME)
-            .flat_map(|d| d.spec.iter())
-            .flat_map(|s| s.template.spec.iter())
+            .flat_map(|d| d.spec.template.spec.iter())
             .flat_map(|p| p.containers.iter());
         for c in agent_containers {
             let args = c.args.clone().unwrap_or_default();
@@ -916,7 +915,7 @@ fn operand_daemonsets(spec: &serde_json::Value, fleet: &GpuFleet) -> Result<Vec<
         .iter()
         .filter_map(|o| o.as_daemonset())
         .filter(|ds| {
-            let pod = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+            let pod = ds.spec.template.spec.as_ref();
             pod.is_some_and(|pod| {
                 nodes
                     .iter()
@@ -957,13 +956,7 @@ fn floor_objects(kind: FloorPods, operands: &[DaemonSet]) -> Result<Vec<serde_js
                     "spec": {"containers": [{"name": "c", "image": "floor:1"}]}
                 })
             }
-            FloorPods::Operands => serde_json::to_value(
-                operand
-                    .spec
-                    .as_ref()
-                    .map(|s| &s.template)
-                    .context("DaemonSet without spec")?,
-            )?,
+            FloorPods::Operands => serde_json::to_value(&operand.spec.template)?,
         };
         template["spec"]["nodeSelector"] = serde_json::json!({NFD_NVIDIA_PCI_LABEL: "true"});
         // The node agent selects by affinity on deploy labels, which the

@@ -144,7 +144,7 @@ pub fn running_agents(cluster: &InMemoryCluster, node: &str) -> RunningAgents {
             let Object::DaemonSet(ds) = o else {
                 return false;
             };
-            let Some(pod) = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()) else {
+            let Some(pod) = ds.spec.template.spec.as_ref() else {
                 return false;
             };
             if !pod_fits_node(pod, &n) {

@@ -393,7 +393,7 @@ pub(super) fn print_daemonsets(out: &mut dyn Write, c: &InMemoryCluster) -> Resu
     for o in c.objects() {
         let Object::DaemonSet(ds) = &o else { continue };
         let st = ds.status.clone().unwrap_or_default();
-        let spec = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+        let spec = ds.spec.template.spec.as_ref();
         let image = spec
             .and_then(|s| s.containers.first())
             .and_then(|c| c.image.clone())

@@ -491,7 +491,7 @@ mod tests {
                 uid: Some("x".into()),
                 ..ObjectMeta::default()
             },
-            spec: None,
+            spec: Default::default(),
             status: Some(Default::default()),
         };
         let out = for_apply(Object::DaemonSet(ds), Some(owner()));

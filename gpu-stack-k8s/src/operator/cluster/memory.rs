@@ -96,15 +96,14 @@ impl State {
                 continue;
             };
             let generation = ds.metadata.generation.unwrap_or(1);
-            let matching: BTreeSet<String> =
-                match ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()) {
-                    Some(spec) => nodes
-                        .iter()
-                        .filter(|n| pod_fits_node(spec, n))
-                        .filter_map(|n| n.metadata.name.clone())
-                        .collect(),
-                    None => BTreeSet::new(),
-                };
+            let matching: BTreeSet<String> = match ds.spec.template.spec.as_ref() {
+                Some(spec) => nodes
+                    .iter()
+                    .filter(|n| pod_fits_node(spec, n))
+                    .filter_map(|n| n.metadata.name.clone())
+                    .collect(),
+                None => BTreeSet::new(),
+            };
             let ready: i32 = match self.rolled_out.get(&key) {
                 Some((g, on)) if *g == generation => on.intersection(&matching).count() as i32,
                 _ => 0,
@@ -313,15 +312,14 @@ impl InMemoryCluster {
         let mut rolled = BTreeMap::new();
         for (k, o) in &st.objects {
             if let Object::DaemonSet(ds) = o {
-                let on: BTreeSet<String> =
-                    match ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()) {
-                        Some(spec) => nodes
-                            .iter()
-                            .filter(|n| pod_fits_node(spec, n))
-                            .filter_map(|n| n.metadata.name.clone())
-                            .collect(),
-                        None => BTreeSet::new(),
-                    };
+                let on: BTreeSet<String> = match ds.spec.template.spec.as_ref() {
+                    Some(spec) => nodes
+                        .iter()
+                        .filter(|n| pod_fits_node(spec, n))
+                        .filter_map(|n| n.metadata.name.clone())
+                        .collect(),
+                    None => BTreeSet::new(),
+                };
                 rolled.insert(k.clone(), (ds.metadata.generation.unwrap_or(1), on));
             }
         }
@@ -600,7 +598,7 @@ mod tests {
                 ),
                 ..Default::default()
             },
-            spec: Some(DaemonSetSpec {
+            spec: DaemonSetSpec {
                 template: PodTemplateSpec {
                     spec: Some(PodSpec {
                         node_selector: Some([(sel.to_string(), "true".to_string())].into()),
@@ -609,7 +607,7 @@ mod tests {
                     ..Default::default()
                 },
                 ..Default::default()
-            }),
+            },
             status: None,
         })
     }

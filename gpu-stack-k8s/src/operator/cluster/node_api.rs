@@ -66,9 +66,7 @@ impl NodeApi for InMemoryCluster {
         let mut pods = Vec::new();
         for o in self.objects() {
             let Object::DaemonSet(ds) = &o else { continue };
-            let Some(template) = ds.spec.as_ref().map(|s| &s.template) else {
-                continue;
-            };
+            let template = &ds.spec.template;
             let app = template
                 .metadata
                 .as_ref()
@@ -123,7 +121,7 @@ mod tests {
                 namespace: Some("gpu-operator".into()),
                 ..Default::default()
             },
-            spec: Some(DaemonSetSpec {
+            spec: DaemonSetSpec {
                 selector: LabelSelector {
                     match_labels: Some(labels.clone()),
                     ..Default::default()
@@ -141,7 +139,7 @@ mod tests {
                     }),
                 },
                 ..Default::default()
-            }),
+            },
             status: None,
         })
     }

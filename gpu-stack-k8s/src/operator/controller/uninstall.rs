@@ -190,7 +190,8 @@ pub async fn uninstall(
         Some(ds) => {
             let selector = ds
                 .spec
-                .and_then(|s| s.selector.match_labels)
+                .selector
+                .match_labels
                 .unwrap_or_default()
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))

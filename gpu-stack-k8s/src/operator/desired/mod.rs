@@ -311,8 +311,7 @@ fn daemonset_ready(obj: &Object, selected: impl FnOnce() -> usize) -> bool {
 fn selected_nodes(obj: &Object, nodes: &[(String, Cow<'_, Labels>)], taints: &[&[Taint]]) -> usize {
     let Some(pod) = obj
         .as_daemonset()
-        .and_then(|d| d.spec.as_ref())
-        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|d| d.spec.template.spec.as_ref())
     else {
         return 0;
     };

@@ -253,7 +253,7 @@ pub fn rbac(ctx: &RenderContext, c: Component) -> Vec<Object> {
         Object::ClusterRoleBinding(ClusterRoleBinding {
             metadata: ctx.meta(&name, false, Some(c)),
             role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
                 kind: "ClusterRole".into(),
                 name: name.clone(),
             },
@@ -1199,7 +1199,7 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
     });
     Object::DaemonSet(DaemonSet {
         metadata: meta,
-        spec: Some(DaemonSetSpec {
+        spec: DaemonSetSpec {
             selector: LabelSelector {
                 match_labels: Some([("app".to_string(), name.clone())].into()),
                 ..Default::default()
@@ -1238,7 +1238,7 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
             },
             update_strategy: Some(update_strategy),
             ..Default::default()
-        }),
+        },
         status: None,
     })
 }
@@ -1314,7 +1314,8 @@ pub fn nvidia_driver_daemonset(
         for (k, v) in marks {
             labels.insert(k.into(), v.into());
         }
-        if let Some(spec) = ds.spec.as_mut() {
+        {
+            let spec = &mut ds.spec;
             if let Some(l) = spec
                 .template
                 .metadata

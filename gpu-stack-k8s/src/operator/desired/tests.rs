@@ -134,8 +134,7 @@ fn policy_with(spec: serde_json::Value) -> ClusterPolicy {
 
 fn pod_of(obj: &Object) -> &k8s_openapi::api::core::v1::PodSpec {
     obj.as_daemonset()
-        .and_then(|d| d.spec.as_ref())
-        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|d| d.spec.template.spec.as_ref())
         .expect("a DaemonSet with a pod template")
 }
 

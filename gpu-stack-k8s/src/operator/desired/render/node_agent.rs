@@ -81,7 +81,7 @@ pub fn node_agent_objects(ctx: &RenderContext, hosted: &[Component]) -> Vec<Obje
         Object::ClusterRoleBinding(ClusterRoleBinding {
             metadata: meta(false),
             role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
                 kind: "ClusterRole".into(),
                 name: NODE_AGENT_NAME.into(),
             },
@@ -128,7 +128,7 @@ fn combined_daemonset(ctx: &RenderContext, parts: &[(Component, DaemonSet)]) -> 
     if let Some(l) = ds.metadata.labels.as_mut() {
         l.insert(COMPONENT_LABEL.into(), NODE_AGENT_COMPONENT.into());
     }
-    let spec = ds.spec.as_mut()?;
+    let spec = &mut ds.spec;
     spec.selector.match_labels = Some([("app".to_string(), NODE_AGENT_NAME.to_string())].into());
     if let Some(labels) = spec
         .template
@@ -148,7 +148,7 @@ fn combined_daemonset(ctx: &RenderContext, parts: &[(Component, DaemonSet)]) -> 
     let mains: Vec<(Component, &Container)> = parts
         .iter()
         .filter_map(|(c, d)| {
-            let pod = d.spec.as_ref()?.template.spec.as_ref()?;
+            let pod = d.spec.template.spec.as_ref()?;
             let main = if *c == Component::OperatorValidator {
                 pod.init_containers.as_ref()?.first()?
             } else {
@@ -240,8 +240,9 @@ fn combined_daemonset(ctx: &RenderContext, parts: &[(Component, DaemonSet)]) -> 
     let mut volumes: Vec<Volume> = Vec::new();
     for v in parts.iter().flat_map(|(_, d)| {
         d.spec
+            .template
+            .spec
             .as_ref()
-            .and_then(|s| s.template.spec.as_ref())
             .and_then(|p| p.volumes.as_ref())
             .into_iter()
             .flatten()
@@ -266,8 +267,9 @@ fn combined_daemonset(ctx: &RenderContext, parts: &[(Component, DaemonSet)]) -> 
     });
     let host_pid = parts.iter().any(|(_, d)| {
         d.spec
+            .template
+            .spec
             .as_ref()
-            .and_then(|s| s.template.spec.as_ref())
             .and_then(|p| p.host_pid)
             .unwrap_or(false)
     });
