@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Lints and renders the gpu-stack chart with helm built from its Go module
-# (tools/helm). Fails if the chart's CRDs differ from the generated ones in
-# deploy/crds/ (ClusterPolicy, NVIDIADriver) or are not installed, if lint
-# finds a problem, or if a rendering misses an object.
+# Lints and renders the gpu-stack chart with Helm 4 built from its Go module
+# (tools/helm), and lints it with Helm 3 too (tools/helm/v3). Fails if the
+# chart's CRDs differ from the generated ones in deploy/crds/ (ClusterPolicy,
+# NVIDIADriver) or are not installed, if lint finds a problem, if a rendering
+# misses an object, or if the Kubernetes versions the chart admits
+# (kubeVersion) are not 1.34 and later.
 # Usage: deploy/helm/check.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 chart="$root/deploy/helm/gpu-stack"
 helm="$("$root/tools/helm/build.sh")"
+helm3="$("$root/tools/helm/build.sh" --v3)"
 
 # The chart ships the CRDs generated from the Rust types; keep them identical.
 for crd in "$root"/deploy/crds/*.yaml; do
@@ -22,9 +25,33 @@ done
 # No registry publishes the images: every rendering names one.
 repo=(--set imageRepository=registry.example.com/gpu-stack)
 nice "$helm" lint --strict "$chart" "${repo[@]}"
+# Helm 3 is still what many clusters are managed with.
+nice "$helm3" lint --strict "$chart" "${repo[@]}"
 
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
+# Helm 4 ends each rendered document with a blank line, Helm 3 does not: the
+# plain files are compared without it.
+drop_trailing_blank_lines() { awk '{ line[NR] = $0 } NF { last = NR } END { for (i = 1; i <= last; i++) print line[i] }'; }
+
+# kubeVersion: Kubernetes 1.34 and later render, 1.33 is refused, naming the
+# constraint. (--kube-version drops a vendor suffix such as -gke.1200, so the
+# "-0" that admits one from a live cluster is not exercised here.)
+for h in "$helm" "$helm3"; do
+  for v in v1.34.0 v1.35.0 v1.37.0; do
+    if ! nice "$h" template gpu-stack "$chart" "${repo[@]}" --kube-version "$v" >/dev/null 2>"$out/kube.err"; then
+      echo "deploy/helm/check.sh: helm $("$h" version --short) does not render the chart for Kubernetes $v; check kubeVersion in $chart/Chart.yaml: $(cat "$out/kube.err")" >&2
+      exit 1
+    fi
+  done
+  if nice "$h" template gpu-stack "$chart" "${repo[@]}" --kube-version v1.33.9 >/dev/null 2>"$out/kube.err"; then
+    echo "deploy/helm/check.sh: helm $("$h" version --short) renders the chart for Kubernetes 1.33; kubeVersion in $chart/Chart.yaml must start at 1.34" >&2
+    exit 1
+  fi
+  grep -q 'chart requires kubeVersion' "$out/kube.err" \
+    || { echo "deploy/helm/check.sh: helm $("$h" version --short) refuses Kubernetes 1.33 without naming kubeVersion: $(cat "$out/kube.err")" >&2; exit 1; }
+done
+
 # Without imageRepository the chart refuses to render, saying what to set.
 if nice "$helm" template gpu-stack "$chart" >"$out/norepo.yaml" 2>"$out/norepo.err"; then
   echo "deploy/helm/check.sh: the chart renders without imageRepository" >&2
@@ -130,6 +157,7 @@ if grep -q 'grafana_dashboard' "$out/default.yaml"; then
 fi
 monitoring=(--set dcgmExporter.prometheusRule.enabled=true --set dcgmExporter.grafanaDashboard.enabled=true)
 nice "$helm" lint --strict "$chart" "${repo[@]}" "${monitoring[@]}"
+nice "$helm3" lint --strict "$chart" "${repo[@]}" "${monitoring[@]}"
 nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" "${monitoring[@]}" \
   --set dcgmExporter.prometheusRule.labels.release=kube-prometheus-stack >"$out/monitoring.yaml"
 for kind in PrometheusRule ConfigMap ClusterPolicy; do
@@ -151,14 +179,16 @@ if grep -Eq '^    (prometheusRule|grafanaDashboard):' "$out/monitoring.yaml"; th
 fi
 # The rendered rule groups (spec) and dashboard (data) are the plain files.
 nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" "${monitoring[@]}" \
-  --show-only templates/prometheusrule.yaml | sed -n '/^spec:$/,$p' | tail -n +2 | sed 's/^  //' >"$out/rules.yaml"
+  --show-only templates/prometheusrule.yaml | sed -n '/^spec:$/,$p' | tail -n +2 | sed 's/^  //' \
+  | drop_trailing_blank_lines >"$out/rules.yaml"
 if ! cmp -s "$out/rules.yaml" "$root/deploy/monitoring/gpu-stack-alerts.rules.yaml"; then
   echo "deploy/helm/check.sh: the PrometheusRule's groups differ from deploy/monitoring/gpu-stack-alerts.rules.yaml:" >&2
   diff "$root/deploy/monitoring/gpu-stack-alerts.rules.yaml" "$out/rules.yaml" | head -20 >&2
   exit 1
 fi
 nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" "${monitoring[@]}" \
-  --show-only templates/grafana-dashboard.yaml | sed -n '/^  gpu-stack-dashboard.json: |-$/,$p' | tail -n +2 | sed 's/^    //' >"$out/dashboard.json"
+  --show-only templates/grafana-dashboard.yaml | sed -n '/^  gpu-stack-dashboard.json: |-$/,$p' | tail -n +2 | sed 's/^    //' \
+  | drop_trailing_blank_lines >"$out/dashboard.json"
 if ! cmp -s "$out/dashboard.json" "$root/deploy/monitoring/gpu-stack-dashboard.json"; then
   echo "deploy/helm/check.sh: the dashboard ConfigMap's JSON differs from deploy/monitoring/gpu-stack-dashboard.json:" >&2
   diff "$root/deploy/monitoring/gpu-stack-dashboard.json" "$out/dashboard.json" | head -20 >&2
@@ -171,4 +201,4 @@ if [ "$(grep -c 'up{job=~"gpu-nodes"}' "$out/job.yaml")" != 3 ] || grep -q 'gpu-
   echo "deploy/helm/check.sh: dcgmExporter.prometheusRule.jobRegex does not replace the job matcher of the exporter alerts" >&2
   exit 1
 fi
-echo "helm chart: lint and template OK"
+echo "helm chart: lint and template OK (helm $("$helm" version --short); lint with helm $("$helm3" version --short) too)"

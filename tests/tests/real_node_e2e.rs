@@ -1,10 +1,10 @@
-//! The whole stack on a real node: `helm install` of the chart on the test
-//! cluster's real kubelet + containerd (`cargo xtask cluster up --real-node`,
-//! always part of `cargo xtask test`), the operator as the chart's
-//! Deployment, the node found without NFD, every operand as a real container
-//! of the project's images on simulated GPUs, workload pods that get exactly
-//! their GPUs, MIG, faults, a driver upgrade, MIG instances created for
-//! DRA claims, and `helm uninstall`.
+//! The whole stack on a real node: `helm install` of the chart with Helm 4
+//! (tools/helm) on the test cluster's real kubelet + containerd (`cargo
+//! xtask cluster up --real-node`, always part of `cargo xtask test`), the
+//! operator as the chart's Deployment, the node found without NFD, every
+//! operand as a real container of the project's images on simulated GPUs,
+//! workload pods that get exactly their GPUs, MIG, faults, a driver upgrade,
+//! MIG instances created for DRA claims, and `helm uninstall`.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,6 +72,10 @@ fn helm() -> Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// Runs helm against the test cluster. Helm 4 applies server-side (its
+/// default, kept here as users get it) and `--wait=watcher` waits for kstatus
+/// readiness: workloads rolled out, and the ClusterPolicy's
+/// `status.observedGeneration` caught up with its spec.
 fn run_helm(cluster: &TestCluster, args: &[&str]) -> Result<String> {
     let out = Command::new(helm()?)
         .args(args)
@@ -96,7 +100,7 @@ fn uninstall(cluster: &TestCluster) -> Result<String> {
             RELEASE,
             "--namespace",
             NAMESPACE,
-            "--wait",
+            "--wait=watcher",
             "--timeout",
             "5m",
         ],
@@ -115,7 +119,7 @@ fn helm_upgrade(cluster: &TestCluster, extra: &[&str]) -> Result<()> {
         "--namespace",
         NAMESPACE,
         "--reuse-values",
-        "--wait",
+        "--wait=watcher",
         "--timeout",
         "5m",
     ];
@@ -493,22 +497,24 @@ fn toolkit_log(dir: &Path) -> String {
 }
 
 /// Changes the device plugin's DEVICE_LIST_STRATEGY in the ClusterPolicy,
-/// keeping its other env, and waits until the rolled pod is Ready.
-async fn set_device_list_strategy(client: &Client, strategy: &str) -> Result<()> {
-    let api = cluster_policies(client);
-    let policy = api.get(POLICY).await?;
+/// keeping its other env, and waits until the rolled pod is Ready. The
+/// change goes through the release: helm applies server-side, so an edit of
+/// the policy's `devicePlugin.env` by another field manager would make every
+/// later `helm upgrade` fail with a conflict on that field.
+async fn set_device_list_strategy(
+    cluster: &TestCluster,
+    client: &Client,
+    strategy: &str,
+) -> Result<()> {
+    let policy = cluster_policies(client).get(POLICY).await?;
     let mut env: Vec<serde_json::Value> = policy.data["spec"]["devicePlugin"]["env"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     env.retain(|e| e["name"] != "DEVICE_LIST_STRATEGY");
     env.push(serde_json::json!({"name": "DEVICE_LIST_STRATEGY", "value": strategy}));
-    api.patch(
-        POLICY,
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"devicePlugin": {"env": env}}})),
-    )
-    .await?;
+    let env = format!("devicePlugin.env={}", serde_json::Value::from(env));
+    helm_upgrade(cluster, &["--set-json", &env])?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let wanted = strategy.to_string();
     wait_for(
@@ -620,7 +626,7 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
             "--create-namespace",
             "--values",
             &values.display().to_string(),
-            "--wait",
+            "--wait=watcher",
             "--timeout",
             "5m",
         ],
@@ -895,7 +901,7 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     // 4b. The `envvar` strategy (NVIDIA's default): the policy changes, the
     // device plugin rolls, and a pod gets NVIDIA_VISIBLE_DEVICES with
     // exactly one GPU.
-    set_device_list_strategy(client, "envvar").await?;
+    set_device_list_strategy(cluster, client, "envvar").await?;
     wait_allocatable(
         client,
         "nvidia.com/gpu",
@@ -1521,9 +1527,9 @@ async fn leftovers(client: &Client) -> Result<Vec<String>> {
     Ok(left)
 }
 
-/// Bad input: a value that cannot work fails an `--atomic` install, which
-/// leaves nothing behind; an operand image that cannot be pulled is named in
-/// an Event.
+/// Bad input: a value that cannot work fails a `--rollback-on-failure`
+/// install (Helm 3's `--atomic`), which leaves nothing behind; an operand
+/// image that cannot be pulled is named in an Event.
 async fn bad_input(cluster: &TestCluster, client: &Client) -> Result<()> {
     let values = repo_root().join("tests/real-node/values.yaml");
     let chart = repo_root().join("deploy/helm/gpu-stack");
@@ -1545,8 +1551,8 @@ async fn bad_input(cluster: &TestCluster, client: &Client) -> Result<()> {
     // back, running the uninstall hook with no operator to finish.
     let mut atomic = base.to_vec();
     atomic.extend([
-        "--atomic",
-        "--wait",
+        "--rollback-on-failure",
+        "--wait=watcher",
         "--timeout",
         "90s",
         "--set",
@@ -1567,7 +1573,7 @@ async fn bad_input(cluster: &TestCluster, client: &Client) -> Result<()> {
     .await;
     if left.is_err() {
         bail!(
-            "a failed --atomic install left {:?} ({})",
+            "a failed --rollback-on-failure install left {:?} ({})",
             leftovers(client).await?,
             failed.err().map(|e| format!("{e:#}")).unwrap_or_default()
         );
