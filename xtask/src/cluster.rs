@@ -40,17 +40,6 @@ const CLIENT_BURST: &str = "400";
 /// `node-heartbeat-with-lease` stage: 600 s plus up to 610 s of jitter).
 const NODE_MONITOR_GRACE: &str = "30m";
 
-/// Feature gates of every control-plane component and the real node's
-/// kubelet, kept the same everywhere. `DRAPartitionableDevices` (KEP-4815,
-/// alpha and off by default in 1.34) lets ResourceSlices carry shared
-/// counters and devices consume them, which is how the MIG devices of one
-/// GPU exclude each other: without it the API server silently drops
-/// `sharedCounters` and `consumesCounters` from every slice it stores, and
-/// the scheduler refuses to allocate any device that consumes counters.
-/// Those two are the components that read it in 1.34; the controller manager
-/// and the kubelet get it too so no component sees a different API.
-pub const FEATURE_GATES: &str = "DRAPartitionableDevices=true";
-
 struct Component {
     name: &'static str,
     child: Child,
@@ -164,7 +153,6 @@ impl Cluster {
                     pki.join("sa.key").display()
                 ),
                 "--profiling=false".into(),
-                format!("--feature-gates={FEATURE_GATES}"),
                 format!("--egress-selector-config-file={}", egress.display()),
                 "--kubelet-preferred-address-types=InternalIP".into(),
                 // The real node's kubelet accepts clients signed by the cluster CA.
@@ -173,7 +161,10 @@ impl Cluster {
                     pki.join("admin.crt").display()
                 ),
                 format!("--kubelet-client-key={}", pki.join("admin.key").display()),
-            ],
+            ]
+            .into_iter()
+            .chain(feature_gates_flag(&l))
+            .collect::<Vec<_>>(),
         )?;
         let kubectl = l.binary("kubectl");
         self.wait_until("kube-apiserver /readyz", APISERVER_TIMEOUT, || {
@@ -181,7 +172,7 @@ impl Cluster {
         })?;
 
         let common = |port: u16| -> Vec<String> {
-            vec![
+            let mut args = vec![
                 format!("--kubeconfig={}", kubeconfig.display()),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={port}"),
@@ -189,8 +180,9 @@ impl Cluster {
                 format!("--kube-api-qps={CLIENT_QPS}"),
                 format!("--kube-api-burst={CLIENT_BURST}"),
                 "--profiling=false".into(),
-                format!("--feature-gates={FEATURE_GATES}"),
-            ]
+            ];
+            args.extend(feature_gates_flag(&l));
+            args
         };
         let mut kcm = common(p.controller_manager);
         kcm.extend([
@@ -445,10 +437,19 @@ fn preflight(layout: &Layout) -> Result<()> {
     Ok(())
 }
 
-/// Processes of the cluster in `layout.state`, from pid files and /proc.
+/// `--feature-gates=...` for every component, where the release needs any
+/// (the same gates everywhere, the real node's kubelet included, so no
+/// component sees a different API).
+fn feature_gates_flag(layout: &Layout) -> Option<String> {
+    let gates = layout.kube.feature_gates;
+    (!gates.is_empty()).then(|| format!("--feature-gates={gates}"))
+}
+
+/// Processes of the cluster in `layout.state`, from pid files and /proc
+/// (whichever release's binaries run it).
 fn live_processes(layout: &Layout) -> Vec<(i32, PathBuf)> {
-    let bin = layout.bin();
-    let mut found = procs::find_cluster_processes(&bin, &layout.state);
+    let bins = layout.bins_root();
+    let mut found = procs::find_cluster_processes(&bins, &layout.state);
     for name in COMPONENTS {
         let Ok(text) = fs::read_to_string(layout.pids().join(format!("{name}.pid"))) else {
             continue;
@@ -458,7 +459,8 @@ fn live_processes(layout: &Layout) -> Vec<(i32, PathBuf)> {
         };
         if procs::alive(pid)
             && let Some(exe) = procs::exe(pid)
-            && exe == bin.join(name)
+            && exe.file_name() == Some(std::ffi::OsStr::new(name))
+            && exe.parent().and_then(Path::parent) == Some(bins.as_path())
             && !found.iter().any(|(p, _)| *p == pid)
         {
             found.push((pid, exe));
@@ -469,7 +471,7 @@ fn live_processes(layout: &Layout) -> Vec<(i32, PathBuf)> {
 }
 
 fn any_control_plane_processes(layout: &Layout) -> Vec<(i32, PathBuf)> {
-    procs::find_cluster_processes(&layout.bin(), Path::new(""))
+    procs::find_cluster_processes(&layout.bins_root(), Path::new(""))
 }
 
 fn describe(procs: &[(i32, PathBuf)]) -> String {

@@ -9,11 +9,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use crate::layout::Layout;
+use crate::versions::{ContainerdRelease, KubeRelease};
 
-/// Kubernetes version the wrapper module pins (must match its go.mod).
-pub const KUBE_VERSION: &str = "v1.34.4";
-
-/// Binaries built from `tools/control-plane/k8s`, with the package each comes from.
+/// Binaries built from the Kubernetes wrapper module of the chosen release
+/// (`tools/control-plane/k8s/1.<minor>`), with the package each comes from.
 const K8S_PACKAGES: [(&str, &str); 6] = [
     ("etcd", "./cmd/etcd"),
     ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
@@ -27,19 +26,14 @@ const K8S_PACKAGES: [(&str, &str); 6] = [
     ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
 ];
 
-/// The real test node's container runtime, built from `tools/node/containerd`:
-/// containerd 1.7 (Debian's 1.6 ignores CRI CDI devices).
-const CONTAINERD_PACKAGES: [(&str, &str); 3] = [
-    (
-        "containerd",
-        "github.com/containerd/containerd/cmd/containerd",
-    ),
-    (
-        "containerd-shim-runc-v2",
-        "github.com/containerd/containerd/cmd/containerd-shim-runc-v2",
-    ),
-    ("ctr", "github.com/containerd/containerd/cmd/ctr"),
-];
+/// The real test node's container runtime, built from the wrapper module of
+/// the chosen containerd release (`tools/node/containerd/<series>`): its
+/// commands under the release's module path.
+const CONTAINERD_COMMANDS: [&str; 3] = ["containerd", "containerd-shim-runc-v2", "ctr"];
+
+fn containerd_package(release: &ContainerdRelease, command: &str) -> String {
+    format!("{}/cmd/{command}", release.module)
+}
 
 /// Build tags that leave out the snapshotters the node does not use (and
 /// their C dependencies).
@@ -64,23 +58,23 @@ const STAMP_FILE: &str = ".build-stamp";
 pub fn required_files() -> Vec<&'static str> {
     let mut files: Vec<&str> = K8S_PACKAGES
         .iter()
-        .chain(CONTAINERD_PACKAGES.iter())
         .map(|(name, _)| *name)
+        .chain(CONTAINERD_COMMANDS)
         .collect();
     files.push("kwok");
     files.push(KWOK_STAGES_FILE);
     files
 }
 
-fn k8s_ldflags() -> String {
-    let minor = KUBE_VERSION.split('.').nth(1).unwrap_or("0");
+fn k8s_ldflags(kube: &KubeRelease) -> String {
+    let (version, minor) = (kube.version, kube.minor);
     let mut flags = String::from("-s -w");
     for pkg in [
         "k8s.io/component-base/version",
         "k8s.io/client-go/pkg/version",
     ] {
         flags.push_str(&format!(
-            " -X {pkg}.gitVersion={KUBE_VERSION} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={minor} \
+            " -X {pkg}.gitVersion={version} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={minor} \
              -X {pkg}.gitTreeState=clean -X {pkg}.buildDate=1970-01-01T00:00:00Z"
         ));
     }
@@ -90,15 +84,15 @@ fn k8s_ldflags() -> String {
 /// FNV-1a over the build inputs: module files, mains, flags, the packages
 /// built (so adding a binary rebuilds) and the stage list.
 fn stamp(layout: &Layout) -> Result<String> {
-    let tools = layout.repo.join("tools");
+    let kwok = layout.tools().join("kwok");
     let inputs = [
-        "control-plane/k8s/go.mod",
-        "control-plane/k8s/go.sum",
-        "control-plane/k8s/cmd/etcd/main.go",
-        "control-plane/kwok/go.mod",
-        "control-plane/kwok/go.sum",
-        "node/containerd/go.mod",
-        "node/containerd/go.sum",
+        layout.kube_module().join("go.mod"),
+        layout.kube_module().join("go.sum"),
+        layout.kube_module().join("cmd/etcd/main.go"),
+        kwok.join("go.mod"),
+        kwok.join("go.sum"),
+        layout.containerd_module().join("go.mod"),
+        layout.containerd_module().join("go.sum"),
     ];
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
@@ -107,22 +101,25 @@ fn stamp(layout: &Layout) -> Result<String> {
             hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
         }
     };
-    for input in inputs {
-        let path = tools.join(input);
+    for path in inputs {
         let data = fs::read(&path).with_context(|| {
             format!(
                 "reading {} (part of the control-plane wrapper modules; is the checkout complete?)",
                 path.display()
             )
         })?;
-        feed(input.as_bytes());
+        let relative = path.strip_prefix(&layout.repo).unwrap_or(&path);
+        feed(relative.to_string_lossy().as_bytes());
         feed(&data);
     }
-    feed(k8s_ldflags().as_bytes());
+    feed(k8s_ldflags(&layout.kube).as_bytes());
     feed(CONTAINERD_TAGS.as_bytes());
-    for (name, package) in K8S_PACKAGES.iter().chain(CONTAINERD_PACKAGES.iter()) {
+    for (name, package) in K8S_PACKAGES {
         feed(name.as_bytes());
         feed(package.as_bytes());
+    }
+    for command in CONTAINERD_COMMANDS {
+        feed(containerd_package(&layout.containerd, command).as_bytes());
     }
     for stage in KWOK_STAGES {
         feed(stage.as_bytes());
@@ -206,8 +203,10 @@ pub fn ensure_built(layout: &Layout) -> Result<()> {
         );
     }
     eprintln!(
-        "building the control plane with {} into {} (a cold build takes tens of minutes \
-         on 2 cores; later runs reuse the Go build cache and this directory)",
+        "building Kubernetes {} and containerd {} with {} into {} (a cold build takes tens \
+         of minutes on 2 cores; later runs reuse the Go build cache and this directory)",
+        layout.kube.version,
+        layout.containerd.version,
         String::from_utf8_lossy(&version.stdout).trim(),
         layout.bin().display()
     );
@@ -219,7 +218,7 @@ pub fn ensure_built(layout: &Layout) -> Result<()> {
     let started = Instant::now();
     let mut out_dir = bin.clone().into_os_string();
     out_dir.push("/");
-    let ldflags = k8s_ldflags();
+    let ldflags = k8s_ldflags(&layout.kube);
     let mut args: Vec<&std::ffi::OsStr> = vec![
         "build".as_ref(),
         "-trimpath".as_ref(),
@@ -233,7 +232,7 @@ pub fn ensure_built(layout: &Layout) -> Result<()> {
             .iter()
             .map(|(_, pkg)| std::ffi::OsStr::new(*pkg)),
     );
-    go_command(&go, &layout.tools().join("k8s"), &args)?;
+    go_command(&go, &layout.kube_module(), &args)?;
 
     let kwok_args: Vec<&std::ffi::OsStr> = vec![
         "build".as_ref(),
@@ -257,16 +256,12 @@ pub fn ensure_built(layout: &Layout) -> Result<()> {
         "-o".as_ref(),
         out_dir.as_ref(),
     ];
-    containerd_args.extend(
-        CONTAINERD_PACKAGES
-            .iter()
-            .map(|(_, pkg)| std::ffi::OsStr::new(*pkg)),
-    );
-    go_command(
-        &go,
-        &layout.repo.join("tools").join("node").join("containerd"),
-        &containerd_args,
-    )?;
+    let containerd_packages: Vec<String> = CONTAINERD_COMMANDS
+        .iter()
+        .map(|c| containerd_package(&layout.containerd, c))
+        .collect();
+    containerd_args.extend(containerd_packages.iter().map(std::ffi::OsStr::new));
+    go_command(&go, &layout.containerd_module(), &containerd_args)?;
 
     fs::write(bin.join(STAMP_FILE), format!("{stamp}\n"))
         .with_context(|| format!("writing the build stamp in {}", bin.display()))?;
@@ -360,26 +355,22 @@ mod tests {
 
     #[test]
     fn ldflags_stamp_the_kubernetes_version() {
-        let flags = k8s_ldflags();
+        let flags = k8s_ldflags(&crate::versions::KUBE_RELEASES[2]);
         assert!(flags.starts_with("-s -w"));
-        assert!(flags.contains("k8s.io/component-base/version.gitVersion=v1.34.4"));
-        assert!(flags.contains("k8s.io/client-go/pkg/version.gitMinor=34"));
+        assert!(flags.contains("k8s.io/component-base/version.gitVersion=v1.37.2"));
+        assert!(flags.contains("k8s.io/client-go/pkg/version.gitMinor=37"));
     }
 
     #[test]
-    fn wrapper_module_pins_the_stamped_version() {
-        let go_mod = fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/control-plane/k8s/go.mod"),
-        )
-        .unwrap();
-        let minor = KUBE_VERSION.trim_start_matches("v1.");
-        assert!(go_mod.contains(&format!("k8s.io/kubernetes {KUBE_VERSION}")));
-        // Every staging module is replaced at the matching v0 version.
-        let replaces = go_mod
-            .lines()
-            .filter(|l| l.contains("=> k8s.io/"))
-            .collect::<Vec<_>>();
-        assert!(replaces.len() >= 29, "{replaces:?}");
-        assert!(replaces.iter().all(|l| l.ends_with(&format!("v0.{minor}"))));
+    fn containerd_commands_come_from_the_release_module() {
+        let [v2, _, v1] = crate::versions::CONTAINERD_RELEASES;
+        assert_eq!(
+            containerd_package(&v2, "ctr"),
+            "github.com/containerd/containerd/v2/cmd/ctr"
+        );
+        assert_eq!(
+            containerd_package(&v1, "containerd"),
+            "github.com/containerd/containerd/cmd/containerd"
+        );
     }
 }

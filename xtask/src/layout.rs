@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 
+use crate::versions::{ContainerdRelease, KubeRelease};
+
 /// Default first port; six consecutive ports from here are used.
 pub const DEFAULT_PORT_BASE: u16 = 26440;
 
@@ -13,6 +15,14 @@ pub const E2E_KUBECONFIG_ENV: &str = "GPU_STACK_E2E_KUBECONFIG";
 /// Environment variable naming the real node's directory (`<state>/node`)
 /// for the end-to-end tests that use it.
 pub const E2E_NODE_DIR_ENV: &str = "GPU_STACK_E2E_NODE_DIR";
+
+/// Environment variable telling the end-to-end tests the Kubernetes minor
+/// of the cluster (`37`), for checks that differ by version.
+pub const E2E_KUBE_MINOR_ENV: &str = "GPU_STACK_E2E_KUBE_MINOR";
+
+/// Environment variable telling the end-to-end tests the real node's
+/// containerd series (`2.3`).
+pub const E2E_CONTAINERD_ENV: &str = "GPU_STACK_E2E_CONTAINERD";
 
 /// Annotation kwok is told to manage; fake nodes carry it.
 pub const KWOK_NODE_SELECTOR: &str = "kwok.x-k8s.io/node=fake";
@@ -67,10 +77,20 @@ pub struct Layout {
     pub state: PathBuf,
     pub cache: PathBuf,
     pub ports: Ports,
+    /// The Kubernetes release of the control plane and the real node's kubelet.
+    pub kube: KubeRelease,
+    /// The real node's containerd.
+    pub containerd: ContainerdRelease,
 }
 
 impl Layout {
-    pub fn new(state: Option<PathBuf>, cache: Option<PathBuf>, port_base: u16) -> Result<Self> {
+    pub fn new(
+        state: Option<PathBuf>,
+        cache: Option<PathBuf>,
+        port_base: u16,
+        kube: KubeRelease,
+        containerd: ContainerdRelease,
+    ) -> Result<Self> {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .map(Path::to_path_buf)
@@ -85,6 +105,8 @@ impl Layout {
             cache: absolute(&cache),
             repo,
             ports: Ports::from_base(port_base)?,
+            kube,
+            containerd,
         })
     }
 
@@ -93,9 +115,33 @@ impl Layout {
         self.repo.join("tools").join("control-plane")
     }
 
-    /// Built binaries (cached, never committed).
-    pub fn bin(&self) -> PathBuf {
+    /// Where every release combination's binaries are cached.
+    pub fn bins_root(&self) -> PathBuf {
         self.cache.join("bin")
+    }
+
+    /// Built binaries of this layout's releases (cached, never committed).
+    pub fn bin(&self) -> PathBuf {
+        self.bins_root().join(format!(
+            "k8s-{}-containerd-{}",
+            self.kube.version, self.containerd.version
+        ))
+    }
+
+    /// The Kubernetes wrapper module of this layout's release.
+    pub fn kube_module(&self) -> PathBuf {
+        self.tools()
+            .join("k8s")
+            .join(format!("1.{}", self.kube.minor))
+    }
+
+    /// The containerd wrapper module of this layout's release.
+    pub fn containerd_module(&self) -> PathBuf {
+        self.repo
+            .join("tools")
+            .join("node")
+            .join("containerd")
+            .join(self.containerd.series)
     }
 
     pub fn binary(&self, name: &str) -> PathBuf {

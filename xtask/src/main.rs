@@ -13,6 +13,7 @@ mod node;
 mod pki;
 mod procs;
 mod proxy;
+mod versions;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -104,6 +105,13 @@ struct ClusterArgs {
     /// Where the built binaries are cached between runs.
     #[arg(long, env = "GPU_STACK_CONTROL_PLANE_CACHE")]
     cache_dir: Option<PathBuf>,
+    /// Kubernetes minor of the control plane and the real node's kubelet
+    /// (1.35, 1.36 or 1.37).
+    #[arg(long, env = "GPU_STACK_KUBE_VERSION", default_value = versions::DEFAULT_KUBE)]
+    kube_version: String,
+    /// containerd series of the real node (2.3, 2.4 or 1.7).
+    #[arg(long, env = "GPU_STACK_CONTAINERD_VERSION", default_value = versions::DEFAULT_CONTAINERD)]
+    containerd_version: String,
 }
 
 impl ClusterArgs {
@@ -112,6 +120,8 @@ impl ClusterArgs {
             self.state_dir.clone(),
             self.cache_dir.clone(),
             self.port_base,
+            versions::kube(&self.kube_version)?,
+            versions::containerd(&self.containerd_version)?,
         )
     }
 }
@@ -229,7 +239,11 @@ fn test(layout: &Layout, real_node: bool) -> Result<ExitCode> {
             .env("KUBECONFIG", &kubeconfig)
             .env(layout::E2E_KUBECONFIG_ENV, &kubeconfig)
             .env("GPU_STACK_NVIDIA_ORACLES_REQUIRED", "1")
-            .env(layout::E2E_NODE_DIR_ENV, node::NodeLayout::new(layout).dir),
+            .env(layout::E2E_NODE_DIR_ENV, node::NodeLayout::new(layout).dir)
+            .env(layout::E2E_KUBE_MINOR_ENV, layout.kube.minor.to_string())
+            .env(layout::E2E_CONTAINERD_ENV, layout.containerd.series)
+            // The toolkit's golden configs are read by the node's containerd.
+            .env("CONTAINERD_BIN", layout.binary("containerd")),
     );
 
     let owned_cluster = owned.is_some();

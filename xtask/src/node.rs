@@ -83,6 +83,8 @@ pub struct NodeLayout {
     kubeconfig: PathBuf,
     pids: PathBuf,
     logs: PathBuf,
+    feature_gates: &'static str,
+    containerd_config_version: u32,
 }
 
 impl NodeLayout {
@@ -98,6 +100,8 @@ impl NodeLayout {
             kubeconfig: layout.kubeconfig(),
             pids: layout.pids(),
             logs: layout.logs(),
+            feature_gates: layout.kube.feature_gates,
+            containerd_config_version: layout.containerd.config_version,
         }
     }
 
@@ -743,35 +747,10 @@ pub fn leftovers(layout: &Layout) -> bool {
 }
 
 fn write_configs(node: &NodeLayout) -> Result<()> {
-    // A plain containerd 1.7 config as a user has it: no CDI, no `nvidia`
-    // runtime, no `imports`. The toolkit agent adds those.
-    let containerd = format!(
-        r#"# containerd of the real test node (written by cargo xtask).
-version = 2
-root = "/var/lib/containerd"
-state = "/run/containerd"
-
-[grpc]
-  address = "/run/containerd/containerd.sock"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  # The machine lacks CAP_SYS_RESOURCE: runc may not raise oom_score_adj.
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{cni}"
-"#,
-        pause = images::pause_image(),
-        cni = node.dir.join("cni").display(),
+    let containerd = containerd_config(
+        node.containerd_config_version,
+        &images::pause_image(),
+        &node.dir.join("cni").display().to_string(),
     );
     let etc = node.host_path(CONTAINERD_CONFIG);
     if let Some(dir) = etc.parent() {
@@ -836,26 +815,85 @@ serializeImagePulls: false
 maxPods: 110
 # One node: report allocatable changes (device health) within 2 s.
 nodeStatusUpdateFrequency: 2s
-# The control plane's gates (the kubelet's --feature-gates flag is deprecated).
-featureGates:
 {gates}"#,
         ca = node.pki.join("ca.crt").display(),
         cgroup_root = node.cgroup_root,
         resolv = node.dir.join("resolv.conf").display(),
-        gates = kubelet_feature_gates(crate::cluster::FEATURE_GATES),
+        gates = kubelet_feature_gates(node.feature_gates),
     );
     fs::write(node.dir.join("kubelet.yaml"), kubelet)?;
     Ok(())
 }
 
-/// `A=true,B=false` as the entries of a KubeletConfiguration `featureGates`
-/// map, one indented line each.
+/// A plain containerd config as a user has it, in the config version the
+/// release reads (its `containerd config default` shape): no CDI, no
+/// `nvidia` runtime, no `imports`. The toolkit agent adds those.
+fn containerd_config(version: u32, pause: &str, cni: &str) -> String {
+    let header = format!(
+        "# containerd of the real test node (written by cargo xtask).\n\
+         version = {version}\n\
+         root = \"/var/lib/containerd\"\n\
+         state = \"/run/containerd\"\n\n\
+         [grpc]\n  address = \"/run/containerd/containerd.sock\"\n\n"
+    );
+    // The machine lacks CAP_SYS_RESOURCE: runc may not raise oom_score_adj.
+    let body = if version >= 3 {
+        format!(
+            r#"[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{cni}"
+"#
+        )
+    } else {
+        format!(
+            r#"[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+"#
+        )
+    };
+    header + &body
+}
+
+/// `A=true,B=false` as a KubeletConfiguration `featureGates` map (the
+/// kubelet's --feature-gates flag is deprecated), or nothing without gates.
 fn kubelet_feature_gates(gates: &str) -> String {
-    gates
+    let entries: String = gates
         .split(',')
         .filter_map(|g| g.split_once('='))
         .map(|(name, value)| format!("  {}: {}\n", name.trim(), value.trim()))
-        .collect()
+        .collect();
+    if entries.is_empty() {
+        return String::new();
+    }
+    format!("# The control plane's gates.\nfeatureGates:\n{entries}")
 }
 
 /// The simulated GPU host under [`SIM_DIR`]: fleet file, device nodes, sysfs
@@ -914,7 +952,14 @@ mod tests {
 
     #[test]
     fn egress_config_names_the_proxy_socket() {
-        let layout = Layout::new(Some("/tmp/x".into()), Some("/tmp/c".into()), 26440).unwrap();
+        let layout = Layout::new(
+            Some("/tmp/x".into()),
+            Some("/tmp/c".into()),
+            26440,
+            crate::versions::KUBE_RELEASES[0],
+            crate::versions::CONTAINERD_RELEASES[0],
+        )
+        .unwrap();
         let node = NodeLayout::new(&layout);
         let text = egress_selector_config(&node);
         assert!(text.contains("proxyProtocol: HTTPConnect"));
@@ -923,13 +968,21 @@ mod tests {
 
     #[test]
     fn feature_gates_become_kubelet_config_map_entries() {
-        assert_eq!(
-            kubelet_feature_gates("A=true, B=false"),
-            "  A: true\n  B: false\n"
-        );
         assert!(
-            kubelet_feature_gates(crate::cluster::FEATURE_GATES)
-                .contains("  DRAPartitionableDevices: true\n")
+            kubelet_feature_gates("A=true, B=false")
+                .ends_with("featureGates:\n  A: true\n  B: false\n")
         );
+        assert_eq!(kubelet_feature_gates(""), "");
+    }
+
+    #[test]
+    fn containerd_config_matches_the_release() {
+        let v3 = containerd_config(3, "pause:1", "/cni");
+        assert!(v3.contains("version = 3\n"));
+        assert!(v3.contains("[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc]"));
+        assert!(v3.contains("sandbox = \"pause:1\""));
+        assert!(!v3.contains("imports") && !v3.contains("enable_cdi"));
+        let v2 = containerd_config(2, "pause:1", "/cni");
+        assert!(v2.contains("version = 2\n") && v2.contains("sandbox_image = \"pause:1\""));
     }
 }

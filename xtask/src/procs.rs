@@ -78,9 +78,10 @@ fn cmdline(pid: i32) -> Option<String> {
     )
 }
 
-/// Live processes whose executable is in `bin_dir` and whose command line
+/// Live processes whose executable is in a directory of `bins_root` (one per
+/// release combination) and whose command line
 /// mentions `state_dir`: the processes of this cluster, pid files or not.
-pub fn find_cluster_processes(bin_dir: &Path, state_dir: &Path) -> Vec<(i32, PathBuf)> {
+pub fn find_cluster_processes(bins_root: &Path, state_dir: &Path) -> Vec<(i32, PathBuf)> {
     let state = state_dir.to_string_lossy().into_owned();
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
@@ -95,7 +96,7 @@ pub fn find_cluster_processes(bin_dir: &Path, state_dir: &Path) -> Vec<(i32, Pat
             continue;
         };
         let Some(exe) = exe(pid) else { continue };
-        if exe.parent() != Some(bin_dir) || !alive(pid) {
+        if exe.parent().and_then(Path::parent) != Some(bins_root) || !alive(pid) {
             continue;
         }
         if cmdline(pid).is_some_and(|c| mentions_dir(&c, &state)) {

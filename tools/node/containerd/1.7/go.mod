@@ -1,4 +1,4 @@
-module gpu-stack.local/tools/node/containerd
+module gpu-stack.local/tools/node/containerd/1.7
 
 go 1.25.0
 
