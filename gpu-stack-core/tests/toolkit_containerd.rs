@@ -703,27 +703,45 @@ proptest! {
     }
 }
 
-/// With `CONTAINERD_BIN` set to a containerd 1.7 binary: containerd itself
-/// loads each golden main config with its drop-in (`config dump`) and ends
-/// up with CDI on, the handler, the built-in `runc`, and the user's CRI
-/// settings. Without it the check is skipped (it needs the binary).
+/// With `CONTAINERD_BIN` set to a containerd binary (`cargo xtask test`
+/// sets it to the real node's): containerd itself loads each golden main
+/// config of the config version it reads (3 from containerd 2.0, 2 before)
+/// with its drop-in (`config dump`) and ends up with CDI on, the handler,
+/// the built-in `runc`, and the user's CRI settings. Without it the check is
+/// skipped (it needs the binary).
 #[test]
 fn containerd_reads_the_goldens_as_meant() {
     let Ok(bin) = std::env::var("CONTAINERD_BIN") else {
         eprintln!("CONTAINERD_BIN not set: containerd's own reading of the goldens not checked");
         return;
     };
+    let version = std::process::Command::new(&bin)
+        .arg("--version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    // "containerd github.com/containerd/containerd/v2 2.3.7 ..." or "... v1.7.35 ...".
+    let config_version = if version.contains("containerd/containerd/v2 ") {
+        3
+    } else {
+        2
+    };
     let dir = std::env::temp_dir().join(format!("gpu-stack-toolkit-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let drop_in = dir.join("99-gpu-stack.toml");
     let elsewhere = dir.join("registries.toml");
     fs::write(&elsewhere, "version = 2\n").unwrap();
-    for (name, sandbox_image) in [
-        ("containerd-1.7-default", "registry.k8s.io/pause:3.8"),
-        ("debian-bookworm", "registry.k8s.io/pause:3.8"),
-        ("k3s-generated", "rancher/mirrored-pause:3.6"),
-        ("user-custom", "registry.internal.example/pause:3.9"),
-    ] {
+    let cases: &[(&str, &str)] = if config_version == 3 {
+        &[("containerd-2-v3", "registry.k8s.io/pause:3.10")]
+    } else {
+        &[
+            ("containerd-1.7-default", "registry.k8s.io/pause:3.8"),
+            ("debian-bookworm", "registry.k8s.io/pause:3.8"),
+            ("k3s-generated", "rancher/mirrored-pause:3.6"),
+            ("user-custom", "registry.internal.example/pause:3.9"),
+        ]
+    };
+    for &(name, sandbox_image) in cases {
         let main = read(&format!("{name}.main.toml"))
             .replace(IMPORT, drop_in.to_str().unwrap())
             .replace(
@@ -741,18 +759,47 @@ fn containerd_reads_the_goldens_as_meant() {
             .unwrap();
         assert!(
             out.status.success(),
-            "{name}: {}",
+            "{name} on {version}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let dump: DocumentMut = String::from_utf8(out.stdout).unwrap().parse().unwrap();
-        let cri = table_at(&dump, &["plugins", "io.containerd.grpc.v1.cri"]);
-        assert_eq!(cri["enable_cdi"].as_bool(), Some(true), "{name}");
-        assert_eq!(cri["sandbox_image"].as_str(), Some(sandbox_image), "{name}");
-        let runtimes = cri["containerd"]["runtimes"].as_table().unwrap();
+        let (runtime, images, sandbox_key) = if config_version == 3 {
+            (
+                table_at(&dump, &["plugins", "io.containerd.cri.v1.runtime"]),
+                table_at(
+                    &dump,
+                    &["plugins", "io.containerd.cri.v1.images", "pinned_images"],
+                ),
+                "sandbox",
+            )
+        } else {
+            let cri = table_at(&dump, &["plugins", "io.containerd.grpc.v1.cri"]);
+            (cri, cri, "sandbox_image")
+        };
+        assert_eq!(runtime["enable_cdi"].as_bool(), Some(true), "{name}");
+        assert_eq!(images[sandbox_key].as_str(), Some(sandbox_image), "{name}");
+        let runtimes = runtime["containerd"]["runtimes"].as_table().unwrap();
         assert!(
             runtimes.contains_key("runc") && runtimes.contains_key("nvidia"),
             "{name}"
         );
     }
     fs::remove_dir_all(&dir).unwrap();
+}
+
+/// NVIDIA's toolkit 1.19.1 wrote a drop-in whose `version` differed from the
+/// root config's, and containerd refused to start: every drop-in gpu-stack
+/// writes carries its root config's version.
+#[test]
+fn every_drop_in_has_its_root_configs_version() {
+    let version = |text: &str| {
+        text.parse::<DocumentMut>().unwrap()["version"]
+            .as_integer()
+            .unwrap_or(1)
+    };
+    for name in CASES {
+        let main = version(&read(&format!("{name}.main.toml")));
+        let drop_in = version(&read(&format!("{name}.dropin.toml")));
+        assert_eq!(drop_in, main, "{name}");
+    }
 }

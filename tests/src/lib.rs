@@ -377,13 +377,23 @@ pub fn fake_gpu_node(name: &str, gpus: u32, extra_labels: &BTreeMap<String, Stri
                 os_image: "Ubuntu 22.04.5 LTS".to_string(),
                 kernel_version: KERNEL_VERSION.to_string(),
                 container_runtime_version: CONTAINER_RUNTIME_VERSION.to_string(),
-                kubelet_version: "v1.34.4".to_string(),
+                kubelet_version: kubelet_version(),
                 ..NodeSystemInfo::default()
             }),
             ..NodeStatus::default()
         }),
         ..Node::default()
     }
+}
+
+/// The version fake nodes report for their kubelet: the cluster's minor
+/// (`GPU_STACK_E2E_KUBE_MINOR`, which `cargo xtask test` sets), else 1.37.
+fn kubelet_version() -> String {
+    let minor = std::env::var("GPU_STACK_E2E_KUBE_MINOR")
+        .ok()
+        .and_then(|m| m.parse::<u32>().ok())
+        .unwrap_or(37);
+    format!("v1.{minor}.0")
 }
 
 /// A DaemonSet named `name` whose pods (label `app=<app>`, one container

@@ -609,6 +609,13 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         !original_config.contains("enable_cdi") && !original_config.contains("imports"),
         "the node's containerd config must start without CDI: {original_config}"
     );
+    // What containerd reads before the toolkit: containerd 2.x has CDI on by
+    // default (with /var/run/cdi), 1.7 off; uninstall must give this back.
+    let original_dump = containerd_config_dump(dir)?;
+    ensure!(
+        !original_dump.contains("runtimes.nvidia]"),
+        "the node's containerd must start without the nvidia handler:\n{original_dump}"
+    );
     let boots_before = containerd_boots(dir)?;
 
     // 1. helm install: the operator runs as the chart's Deployment.
@@ -1073,8 +1080,8 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     );
     let dump = containerd_config_dump(dir)?;
     ensure!(
-        !dump.contains("enable_cdi = true"),
-        "containerd still reads CDI specs after uninstall"
+        dump == original_dump,
+        "containerd does not read what it read before install:\n--- before install ---\n{original_dump}\n--- now ---\n{dump}"
     );
     ensure!(
         containerd_boots(dir)? == boots_before_uninstall + 1,
