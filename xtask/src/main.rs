@@ -9,6 +9,7 @@ mod cluster;
 mod gobuild;
 mod images;
 mod layout;
+mod matrix;
 mod node;
 mod pki;
 mod procs;
@@ -38,6 +39,10 @@ enum Cmd {
     /// reuses) the control plane, starts a throwaway cluster, runs
     /// `cargo test --workspace --all-targets` against it and tears it down.
     Test(TestArgs),
+    /// Run the end-to-end suite on each supported Kubernetes and containerd
+    /// release, one throwaway cluster after another, and print a table of
+    /// version × test binary (also written to `<state>/../matrix/matrix.md`).
+    Matrix(MatrixArgs),
     /// Manage the local test control plane.
     #[command(subcommand)]
     Cluster(ClusterCmd),
@@ -55,6 +60,24 @@ struct TestArgs {
     cluster: ClusterArgs,
     /// Run without the real node (kwok nodes only); its tests then fail
     /// saying so.
+    #[arg(long)]
+    no_real_node: bool,
+}
+
+#[derive(Args, Clone)]
+struct MatrixArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// A release combination as KUBE/CONTAINERD (`1.37/2.3`); repeat for
+    /// more. Default: 1.35, 1.36 and 1.37 on containerd 2.3, then 1.37 on
+    /// containerd 2.4 and 1.7.
+    #[arg(long = "entry")]
+    entries: Vec<String>,
+    /// Only this end-to-end test binary (`dra_scale_e2e`); repeat for more.
+    /// Default: every one.
+    #[arg(long = "test")]
+    tests: Vec<String>,
+    /// Run without the real node (kwok nodes only).
     #[arg(long)]
     no_real_node: bool,
 }
@@ -139,6 +162,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Cmd::Test(args) => test(&args.cluster.layout()?, !args.no_real_node),
+        Cmd::Matrix(args) => run_matrix(&args),
         Cmd::NodeProxy(args) => proxy::run(&args).map(|()| ExitCode::SUCCESS),
         Cmd::Images(args) => {
             let profile = if args.release { "release" } else { "debug" };
@@ -236,14 +260,7 @@ fn test(layout: &Layout, real_node: bool) -> Result<ExitCode> {
         Command::new(cargo_bin())
             // Run every test binary even after a failure, so one run reports all.
             .args(["test", "--workspace", "--all-targets", "--no-fail-fast"])
-            .env("KUBECONFIG", &kubeconfig)
-            .env(layout::E2E_KUBECONFIG_ENV, &kubeconfig)
-            .env("GPU_STACK_NVIDIA_ORACLES_REQUIRED", "1")
-            .env(layout::E2E_NODE_DIR_ENV, node::NodeLayout::new(layout).dir)
-            .env(layout::E2E_KUBE_MINOR_ENV, layout.kube.minor.to_string())
-            .env(layout::E2E_CONTAINERD_ENV, layout.containerd.series)
-            // The toolkit's golden configs are read by the node's containerd.
-            .env("CONTAINERD_BIN", layout.binary("containerd")),
+            .envs(suite_env(layout, &kubeconfig)),
     );
 
     let owned_cluster = owned.is_some();
@@ -268,6 +285,132 @@ fn test(layout: &Layout, real_node: bool) -> Result<ExitCode> {
         bail!("`cargo test --workspace --all-targets` failed");
     }
     doc_outcome.map(|()| ExitCode::SUCCESS)
+}
+
+/// What the tests read to find the cluster, the real node and the versions.
+fn suite_env(
+    layout: &Layout,
+    kubeconfig: &std::path::Path,
+) -> Vec<(&'static str, std::ffi::OsString)> {
+    vec![
+        ("KUBECONFIG", kubeconfig.into()),
+        (layout::E2E_KUBECONFIG_ENV, kubeconfig.into()),
+        ("GPU_STACK_NVIDIA_ORACLES_REQUIRED", "1".into()),
+        (
+            layout::E2E_NODE_DIR_ENV,
+            node::NodeLayout::new(layout).dir.into(),
+        ),
+        (
+            layout::E2E_KUBE_MINOR_ENV,
+            layout.kube.minor.to_string().into(),
+        ),
+        (layout::E2E_CONTAINERD_ENV, layout.containerd.series.into()),
+        // The toolkit's golden configs are read by the node's containerd.
+        ("CONTAINERD_BIN", layout.binary("containerd").into()),
+    ]
+}
+
+/// `cargo xtask matrix`: for each entry, build (or reuse) its releases,
+/// start a cluster of its own, run the end-to-end suite, tear it down; then
+/// the table. Fails unless every entry passed.
+fn run_matrix(args: &MatrixArgs) -> Result<ExitCode> {
+    procs::install_interrupt_handler()?;
+    let entries = if args.entries.is_empty() {
+        matrix::default_entries()
+    } else {
+        args.entries
+            .iter()
+            .map(|e| matrix::parse_entry(e))
+            .collect::<Result<Vec<_>>>()?
+    };
+    let real_node = !args.no_real_node;
+    node::ensure_debian_packages(&node::PROMETHEUS_PACKAGES)?;
+    if real_node {
+        node::ensure_packages()?;
+    }
+    cargo(&["test", "--workspace", "--all-targets", "--no-run"])?;
+    let base = args.cluster.layout()?;
+    let report_dir = base
+        .state
+        .parent()
+        .map(|p| p.join("matrix"))
+        .unwrap_or_else(|| base.state.join("matrix"));
+    std::fs::create_dir_all(&report_dir)
+        .with_context(|| format!("creating {}", report_dir.display()))?;
+    let mut columns = Vec::new();
+    for entry in entries {
+        let layout = layout::Layout {
+            kube: entry.kube,
+            containerd: entry.containerd,
+            ..base.clone()
+        };
+        if cluster::running(&layout)?.is_some() {
+            bail!(
+                "a test cluster is already running in {}: stop it with `cargo xtask cluster down` \
+                 (the matrix starts one cluster per entry)",
+                layout.state.display()
+            );
+        }
+        eprintln!("==> matrix: {entry}");
+        let log = report_dir.join(format!(
+            "k8s-1.{}-containerd-{}.log",
+            entry.kube.minor, entry.containerd.series
+        ));
+        let outcome =
+            matrix_entry(&layout, real_node, &args.tests, &log).map_err(|e| format!("{e:#}"));
+        if let Err(e) = &outcome {
+            eprintln!("matrix: {entry}: {e}");
+        }
+        columns.push((entry, outcome));
+        if procs::interrupted() {
+            break;
+        }
+    }
+    matrix::report(&report_dir, &columns)?;
+    let all_passed = columns.iter().all(|(_, r)| {
+        r.as_ref()
+            .is_ok_and(|o| !o.is_empty() && o.values().all(|&(_, failed)| failed == 0))
+    });
+    Ok(if all_passed && !procs::interrupted() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// One matrix column: the suite's output goes to `log`, which is then read.
+fn matrix_entry(
+    layout: &Layout,
+    real_node: bool,
+    tests: &[String],
+    log: &std::path::Path,
+) -> Result<matrix::Outcomes> {
+    gobuild::ensure_built(layout)?;
+    let started = Instant::now();
+    let bins = real_node.then(|| target_dir().join("debug"));
+    let cluster = Cluster::start(layout, bins.as_deref())?;
+    eprintln!("cluster ready in {:.1}s", started.elapsed().as_secs_f64());
+    let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let mut cmd = Command::new(cargo_bin());
+    cmd.args(["test", "-p", "gpu-stack-e2e", "--no-fail-fast"]);
+    if tests.is_empty() {
+        cmd.arg("--tests");
+    }
+    for t in tests {
+        cmd.args(["--test", t]);
+    }
+    cmd.envs(suite_env(layout, &layout.kubeconfig()))
+        .stdout(file.try_clone()?)
+        .stderr(file);
+    let passed = procs::run_interruptible(&mut cmd);
+    if !matches!(passed, Ok(true)) && !procs::interrupted() {
+        cluster.print_log_tails(20);
+    }
+    cluster.stop().context("tearing down the test cluster")?;
+    passed.context("running the end-to-end suite")?;
+    let text =
+        std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    Ok(matrix::parse_outcomes(&text))
 }
 
 /// The workspace root.
