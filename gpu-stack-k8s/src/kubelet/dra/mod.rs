@@ -1,5 +1,5 @@
 //! The kubelet side of a DRA (Dynamic Resource Allocation) driver, as the
-//! Kubernetes 1.34 kubelet speaks it: the `DRAPlugin` v1 gRPC service a
+//! Kubernetes 1.34 to 1.37 kubelets speak it: the `DRAPlugin` v1 gRPC service a
 //! driver's kubelet plugin serves ([`server`], translating to and from the
 //! plain types of [`driver`] that the plugin logic implements), the plugin
 //! registration service the kubelet's plugin watcher calls
@@ -7,10 +7,12 @@
 //! ([`plugin::serve`]), and, for tests (the `testing` feature), a stand-in
 //! kubelet that discovers, registers and calls a plugin (`standin`).
 //!
-//! How the 1.34 kubelet finds and talks to a DRA plugin (from
-//! `k8s.io/kubernetes` v1.34.4, `pkg/kubelet/pluginmanager` and
-//! `pkg/kubelet/cm/dra/plugin`, and the upstream helper
-//! `k8s.io/dynamic-resource-allocation` v0.34.4 `kubeletplugin`):
+//! How the kubelet finds and talks to a DRA plugin (from `k8s.io/kubernetes`
+//! v1.34.4, `pkg/kubelet/pluginmanager` and `pkg/kubelet/cm/dra/plugin`, and
+//! the upstream helper `k8s.io/dynamic-resource-allocation` v0.34.4
+//! `kubeletplugin`; unchanged in v1.37.2, whose kubelet still offers exactly
+//! `v1.DRAPlugin` and `v1beta1.DRAPlugin`, and reads the optional
+//! `dra-health` stream where a plugin serves it; this one does not):
 //!
 //! - The plugin watcher watches `/var/lib/kubelet/plugins_registry` (the
 //!   kubelet's `plugins_registry` directory) with fsnotify. Every unix socket

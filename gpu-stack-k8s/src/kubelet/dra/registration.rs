@@ -22,7 +22,7 @@ pub const PLUGIN_TYPE: &str = "DRAPlugin";
 pub const DRA_PLUGIN_SERVICE_V1: &str = "v1.DRAPlugin";
 
 /// What this plugin advertises in `supported_versions`: only the v1
-/// service, the one it serves. The 1.34 kubelet supports `v1.DRAPlugin` and
+/// service, the one it serves. The 1.34 to 1.37 kubelets support `v1.DRAPlugin` and
 /// `v1beta1.DRAPlugin` and prefers the plugin's first supported entry.
 pub const SUPPORTED_VERSIONS: &[&str] = &[DRA_PLUGIN_SERVICE_V1];
 
