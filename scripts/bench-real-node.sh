@@ -17,7 +17,9 @@ state="$root/.cache/bench-real-node"
 export GPU_STACK_CLUSTER_PORT_BASE=29440 GPU_STACK_CLUSTER_DIR="$state"
 node_dir="$state/node"
 helm="$(tools/helm/build.sh)"
-kubectl="$HOME/.cache/gpu-stack/control-plane/bin/kubectl"
+# The releases of GPU_STACK_KUBE_VERSION and GPU_STACK_CONTAINERD_VERSION
+# (default 1.37 and 2.3), as for `cargo xtask cluster up`.
+kubectl="$(cargo xtask cluster bin-dir)/kubectl"
 node=gpu-node-real
 
 cleanup() { cargo xtask cluster down >/dev/null 2>&1 || true; }

@@ -113,6 +113,8 @@ enum ClusterCmd {
     Status(ClusterArgs),
     /// Only build (or check the cache of) the control plane binaries.
     Build(ClusterArgs),
+    /// Print the directory of the chosen releases' binaries (kubectl, ...).
+    BinDir(ClusterArgs),
 }
 
 #[derive(Args, Clone)]
@@ -210,6 +212,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 }
                 ClusterCmd::Status(args) => cluster::status(&args.layout()?)?,
                 ClusterCmd::Build(args) => gobuild::ensure_built(&args.layout()?)?,
+                ClusterCmd::BinDir(args) => println!("{}", args.layout()?.bin().display()),
             }
             Ok(ExitCode::SUCCESS)
         }
