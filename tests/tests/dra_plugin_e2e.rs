@@ -223,11 +223,19 @@ async fn scenario(cluster: &TestCluster, client: &Client, ns: &str, node: &Node)
             let list = slices
                 .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
                 .await?;
-            Ok((list.items.len() == 1).then_some(list.items))
+            // The whole pool: from 1.35 a counter slice and a device slice.
+            let complete = list
+                .items
+                .first()
+                .is_some_and(|s| s.spec.pool.resource_slice_count == list.items.len() as i64);
+            Ok(complete.then_some(list.items))
         }
     })
     .await?;
-    let devices = published[0].spec.devices.as_ref().map_or(0, Vec::len);
+    let devices: usize = published
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
     ensure!(
         devices == 26,
         "the H100 publishes {devices} devices, not 26"

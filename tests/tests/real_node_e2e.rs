@@ -1726,21 +1726,37 @@ async fn dra_on_the_node(cluster: &TestCluster, client: &Client, dir: &Path) -> 
         .to_string();
     helm_upgrade(cluster, &["--values", &values])?;
     // The plugin runs as the operator's DaemonSet and publishes the node's
-    // GPUs: one slice per GPU, each with its counter set.
+    // two GPUs as the API server stored them: from 1.35 one slice with both
+    // counter sets and a device slice per GPU, never both in one slice.
     let slices = wait_for("the DRA plugin's ResourceSlices", ROLLOUT, || async {
         let s = dra_slices(client)
             .await
             .map_err(|e| gpu_stack_e2e::E2eError::Check(format!("{e:#}")))?;
-        Ok((s.len() == 2).then_some(s))
+        let complete = s
+            .first()
+            .is_some_and(|f| f.spec.pool.resource_slice_count == s.len() as i64);
+        Ok(complete.then_some(s))
     })
     .await?;
+    let sets: usize = slices
+        .iter()
+        .map(|s| s.spec.shared_counters.as_ref().map_or(0, Vec::len))
+        .sum();
+    let consuming = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()))
+        .count();
+    ensure!(
+        slices.len() == 3 && sets == 2 && consuming == 52,
+        "the node's slices are not one counter slice with 2 sets and 2 device slices of 26 \
+         counter-consuming devices: {} slices, {sets} sets, {consuming} devices",
+        slices.len()
+    );
     for s in &slices {
         ensure!(
-            s.spec
-                .shared_counters
-                .as_ref()
-                .is_some_and(|c| !c.is_empty()),
-            "slice {} has no counter set",
+            s.spec.devices.is_none() || s.spec.shared_counters.is_none(),
+            "slice {} holds devices and counters",
             s.name_any()
         );
     }
