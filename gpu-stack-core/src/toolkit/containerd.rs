@@ -73,6 +73,48 @@ pub fn detect_version(main: Option<&str>) -> Result<ConfigVersion, ConfigError> 
     }
 }
 
+/// Whether containerd `runtime_version` (as its CRI `Version` reports it:
+/// `v2.3.7`, `1.7.35`) can take a drop-in for a main config of `config`:
+/// containerd 1.7 reads version 2, 2.x reads version 3 and migrates version
+/// 2 at start. Older releases drop `enable_cdi` and `cdi_spec_dirs` from a
+/// drop-in and ignore CDI devices; a major this agent does not know may read
+/// another schema. Both are refused before any file is written.
+pub fn check_containerd(runtime_version: &str, config: ConfigVersion) -> Result<(), ConfigError> {
+    let refuse = |reason| ConfigError::UnsupportedRuntime {
+        version: runtime_version.chars().take(64).collect(),
+        reason,
+    };
+    let mut parts = runtime_version.trim().trim_start_matches('v').split('.');
+    let number = |p: Option<&str>| -> Option<u32> {
+        let digits: String = p?.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    let (Some(major), Some(minor)) = (number(parts.next()), number(parts.next())) else {
+        return Err(refuse(
+            "that is not a containerd version this agent can read (it knows 1.7 and 2.x); \
+             check the runtime behind the socket, or configure it by hand",
+        ));
+    };
+    match (major, minor) {
+        (1, 0..=6) | (0, _) => Err(refuse(
+            "containerd before 1.7 drops enable_cdi and cdi_spec_dirs from a drop-in and \
+             ignores CDI devices, so GPUs would never reach pods; upgrade containerd to 2.x \
+             (or at least 1.7)",
+        )),
+        (1, _) if config == ConfigVersion::V3 => Err(refuse(
+            "containerd 1.x reads config version 2, but its config says version 3; give it a \
+             version 2 config (`containerd config default` of that release) or upgrade \
+             containerd to 2.x",
+        )),
+        (1 | 2, _) => Ok(()),
+        _ => Err(refuse(
+            "this agent knows containerd 1.7 and 2.x, and a new major may read another config \
+             schema; use a gpu-stack release that supports it, or configure the runtime by \
+             hand and turn the toolkit off",
+        )),
+    }
+}
+
 /// The path of the table holding the CRI keys we set (`enable_cdi`,
 /// `cdi_spec_dirs`, `containerd.runtimes`) in a config of version `v`.
 pub fn cri_table_path(v: ConfigVersion) -> &'static [&'static str] {
@@ -952,6 +994,39 @@ mod tests {
             cri_table_path(ConfigVersion::V3),
             ["plugins", "io.containerd.cri.v1.runtime"]
         );
+    }
+
+    #[test]
+    fn containerd_releases_are_checked_against_the_config_version() {
+        for v in ["v2.3.7", "2.4.2", "v2.0.0", "v2.9.1", "1.7.35"] {
+            assert_eq!(check_containerd(v, ConfigVersion::V2), Ok(()), "{v}");
+        }
+        assert_eq!(check_containerd("v2.3.7", ConfigVersion::V3), Ok(()));
+        let err = check_containerd("1.7.35", ConfigVersion::V3)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"1.7.35\"") && err.contains("version 2 config"),
+            "{err}"
+        );
+        let err = check_containerd("1.6.20", ConfigVersion::V2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("before 1.7") && err.ends_with("nothing was changed"),
+            "{err}"
+        );
+        let err = check_containerd("v3.0.0", ConfigVersion::V3)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"v3.0.0\"") && err.contains("new major"),
+            "{err}"
+        );
+        let err = check_containerd(&"x".repeat(1000), ConfigVersion::V2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.len() < 500, "{err}");
     }
 
     #[test]

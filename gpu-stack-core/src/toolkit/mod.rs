@@ -135,6 +135,17 @@ pub enum ConfigError {
         /// The value found, capped.
         found: String,
     },
+    /// A containerd release the agent does not configure.
+    #[error(
+        "the node runs containerd {}: {reason}; nothing was changed",
+        echo::quoted(.version)
+    )]
+    UnsupportedRuntime {
+        /// The version CRI `Version` reported, capped.
+        version: String,
+        /// Why, and what to do.
+        reason: &'static str,
+    },
     /// A key holds a value of the wrong kind.
     #[error(
         "`{key}` in the {what} is {found}, but containerd expects {expected} there; fix that key and run again"

@@ -321,6 +321,15 @@ impl ToolkitConfig {
                 let main = self.read(&target.main_config)?;
                 let drop_in = containerd::render_drop_in(main.as_deref(), &self.options)
                     .map_err(config_err(&target.main_config))?;
+                // A release that cannot take the drop-in is refused before
+                // any file is written.
+                let runtime = cri::version(&self.host(&target.socket)).await?;
+                if runtime.name == "containerd" {
+                    let config = containerd::detect_version(main.as_deref())
+                        .map_err(config_err(&target.main_config))?;
+                    containerd::check_containerd(&runtime.version, config)
+                        .map_err(config_err(&target.socket))?;
+                }
                 let state = cri::status(&self.host(&target.socket)).await?;
                 let gaps = match &state.config_json {
                     Some(json) => containerd::effective_gaps(json, &self.options)
@@ -664,6 +673,30 @@ pub(crate) mod tests {
             n.config.removal().unwrap().is_empty(),
             "a second removal has nothing to do"
         );
+    }
+
+    #[tokio::test]
+    async fn a_containerd_release_that_cannot_take_the_drop_in_is_refused_with_nothing_written() {
+        let n = node(Some(PLAIN), CDI_OFF).await;
+        for version in ["v1.6.20", "v3.0.0"] {
+            n.runtime.set_version(version);
+            let err = n.config.configure().await.unwrap_err().to_string();
+            assert!(
+                err.contains(version) && err.contains("nothing was changed"),
+                "{err}"
+            );
+            assert_eq!(n.file(MAIN).as_deref(), Some(PLAIN));
+            assert!(n.file(DROP_IN).is_none());
+        }
+        // containerd 1.7 does not read a version 3 config.
+        let v3 = node(Some("version = 3\n"), CDI_OFF).await;
+        v3.runtime.set_version("1.7.35");
+        let err = v3.config.configure().await.unwrap_err().to_string();
+        assert!(err.contains("reads config version 2"), "{err}");
+        assert!(v3.file(DROP_IN).is_none());
+        n.runtime.set_version("v2.4.2");
+        n.config.configure().await.unwrap();
+        assert!(n.file(DROP_IN).is_some());
     }
 
     #[tokio::test]

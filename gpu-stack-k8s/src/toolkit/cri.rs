@@ -61,27 +61,71 @@ pub struct RuntimeState {
     pub config_json: Option<String>,
 }
 
-/// Calls `Status(verbose)` on the CRI socket.
-pub async fn status(socket: &Path) -> Result<RuntimeState, CriError> {
-    let unreachable = |reason: String| CriError::Unreachable {
+/// Which runtime serves a CRI socket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeVersion {
+    /// `containerd`, `cri-o`.
+    pub name: String,
+    /// Its release, as it reports it (`v2.3.7`).
+    pub version: String,
+}
+
+/// Calls `Version` on the CRI socket.
+pub async fn version(socket: &Path) -> Result<RuntimeVersion, CriError> {
+    let mut client = client(socket).await?;
+    let reply = tokio::time::timeout(
+        CALL_TIMEOUT,
+        client.version(api::VersionRequest {
+            version: "v1".into(),
+        }),
+    )
+    .await
+    .map_err(|_| unreachable(socket, "no answer within 10 s".into()))?
+    .map_err(|s| refused(socket, &s))?
+    .into_inner();
+    Ok(RuntimeVersion {
+        name: reply.runtime_name.chars().take(64).collect(),
+        version: reply.runtime_version.chars().take(64).collect(),
+    })
+}
+
+fn unreachable(socket: &Path, reason: String) -> CriError {
+    CriError::Unreachable {
         socket: socket.to_path_buf(),
         reason,
-    };
+    }
+}
+
+fn refused(socket: &Path, status: &tonic::Status) -> CriError {
+    CriError::Refused {
+        socket: socket.to_path_buf(),
+        reason: status.message().chars().take(300).collect(),
+    }
+}
+
+async fn client(
+    socket: &Path,
+) -> Result<api::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>, CriError>
+{
     let channel = tokio::time::timeout(CALL_TIMEOUT, unix_channel(socket))
         .await
-        .map_err(|_| unreachable("no connection within 10 s".into()))?
-        .map_err(|e| unreachable(e.to_string()))?;
-    let mut client = api::runtime_service_client::RuntimeServiceClient::new(channel);
+        .map_err(|_| unreachable(socket, "no connection within 10 s".into()))?
+        .map_err(|e| unreachable(socket, e.to_string()))?;
+    Ok(api::runtime_service_client::RuntimeServiceClient::new(
+        channel,
+    ))
+}
+
+/// Calls `Status(verbose)` on the CRI socket.
+pub async fn status(socket: &Path) -> Result<RuntimeState, CriError> {
+    let mut client = client(socket).await?;
     let reply = tokio::time::timeout(
         CALL_TIMEOUT,
         client.status(api::StatusRequest { verbose: true }),
     )
     .await
-    .map_err(|_| unreachable("no answer within 10 s".into()))?
-    .map_err(|s| CriError::Refused {
-        socket: socket.to_path_buf(),
-        reason: s.message().chars().take(300).collect(),
-    })?
+    .map_err(|_| unreachable(socket, "no answer within 10 s".into()))?
+    .map_err(|s| refused(socket, &s))?
     .into_inner();
     let ready = reply.status.is_some_and(|s| {
         s.conditions
