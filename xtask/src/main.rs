@@ -402,6 +402,8 @@ fn matrix_entry(
     for t in tests {
         cmd.args(["--test", t]);
     }
+    // The tests' `figure:` lines go to the log too.
+    cmd.args(["--", "--show-output"]);
     cmd.envs(suite_env(layout, &layout.kubeconfig()))
         .stdout(file.try_clone()?)
         .stderr(file);
