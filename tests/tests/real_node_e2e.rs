@@ -110,6 +110,19 @@ fn uninstall(cluster: &TestCluster) -> Result<String> {
 /// `helm upgrade --reuse-values` of the release with `extra` (`--set`,
 /// `--values`), waiting for it as install does.
 fn helm_upgrade(cluster: &TestCluster, extra: &[&str]) -> Result<()> {
+    helm_upgrade_waiting(cluster, "--wait=watcher", extra)
+}
+
+/// `helm upgrade` that returns once the release is written (Helm 4's
+/// `hookOnly`, its default): Helm 4's watcher counts an `OnDelete`
+/// DaemonSet as in progress until every pod is replaced, so a waiting
+/// upgrade of the driver would return only after the whole driver upgrade,
+/// which the test follows state by state.
+fn helm_upgrade_no_wait(cluster: &TestCluster, extra: &[&str]) -> Result<()> {
+    helm_upgrade_waiting(cluster, "--wait=hookOnly", extra)
+}
+
+fn helm_upgrade_waiting(cluster: &TestCluster, wait: &str, extra: &[&str]) -> Result<()> {
     let chart = repo_root().join("deploy/helm/gpu-stack");
     let chart = chart.display().to_string();
     let mut args = vec![
@@ -119,7 +132,7 @@ fn helm_upgrade(cluster: &TestCluster, extra: &[&str]) -> Result<()> {
         "--namespace",
         NAMESPACE,
         "--reuse-values",
-        "--wait=watcher",
+        wait,
         "--timeout",
         "5m",
     ];
@@ -1366,7 +1379,7 @@ async fn driver_upgrade(cluster: &TestCluster, client: &Client, dir: &Path) -> R
     // The bump: the driver DaemonSet (OnDelete) gets a new template, and
     // the upgrade controller takes the node through NVIDIA's states.
     let bumped = Instant::now();
-    helm_upgrade(cluster, &["--set", &format!("driver.version={DRIVER_TO}")])?;
+    helm_upgrade_no_wait(cluster, &["--set", &format!("driver.version={DRIVER_TO}")])?;
     let mut states: Vec<String> = Vec::new();
     let mut timeline: Vec<String> = Vec::new();
     let mut cordoned = false;
