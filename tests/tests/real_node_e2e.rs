@@ -114,10 +114,9 @@ fn helm_upgrade(cluster: &TestCluster, extra: &[&str]) -> Result<()> {
 }
 
 /// `helm upgrade` that returns once the release is written (Helm 4's
-/// `hookOnly`, its default): Helm 4's watcher counts an `OnDelete`
-/// DaemonSet as in progress until every pod is replaced, so a waiting
-/// upgrade of the driver would return only after the whole driver upgrade,
-/// which the test follows state by state.
+/// `hookOnly`, its default): Helm 4's watcher waits until the ClusterPolicy
+/// reports ready again, which during a driver upgrade is after the whole
+/// rollout, and the test follows that rollout state by state.
 fn helm_upgrade_no_wait(cluster: &TestCluster, extra: &[&str]) -> Result<()> {
     helm_upgrade_waiting(cluster, "--wait=hookOnly", extra)
 }
