@@ -499,6 +499,33 @@ fn containerd_config_dump(dir: &Path) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The `took_ms` of the toolkit agent's last "container runtime configured"
+/// line (colour codes stripped).
+fn toolkit_took_ms(log: &str) -> Option<u64> {
+    let line = log
+        .lines()
+        .rfind(|l| l.contains("container runtime configured"))?;
+    let mut plain = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    let rest = &plain[plain.find("took_ms=")? + "took_ms=".len()..];
+    rest.chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()
+}
+
 /// The toolkit agent's pod log (the current container's), from the node.
 fn toolkit_log(dir: &Path) -> String {
     pod_log_tails(dir, 400)
@@ -763,6 +790,12 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         "figure: containerd restarts to configure CDI: {}",
         boots_configured - boots_before
     );
+    if let Some(ms) = toolkit_took_ms(&toolkit_log(dir)) {
+        eprintln!(
+            "figure: toolkit agent start -> containerd {} configured for CDI: {ms} ms",
+            std::env::var("GPU_STACK_E2E_CONTAINERD").unwrap_or_default()
+        );
+    }
     // A second run (the agent's pod replaced) changes nothing, restarts nothing.
     let toolkit_pods = ListParams::default().labels("app=nvidia-container-toolkit-daemonset");
     let first = pods.list(&toolkit_pods).await?;
