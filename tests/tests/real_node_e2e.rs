@@ -766,8 +766,10 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     // CDI on with the spec directory, the `nvidia` handler as plain runc, one
     // restart; no nvidia-container-runtime anywhere.
     let dump = containerd_config_dump(dir)?;
+    // containerd 2.4 has no `enable_cdi` any more: CDI is always on there.
     ensure!(
-        dump.contains("enable_cdi = true") && dump.contains("/var/run/cdi"),
+        (dump.contains("enable_cdi = true") || !dump.contains("enable_cdi"))
+            && dump.contains("/var/run/cdi"),
         "containerd does not read CDI specs after the toolkit agent ran:\n{dump}"
     );
     ensure!(

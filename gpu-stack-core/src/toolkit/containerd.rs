@@ -912,6 +912,9 @@ pub fn effective_gaps(config_json: &str, opts: &RuntimeOptions) -> Result<Vec<Ga
     let mut gaps = Vec::new();
     match obj.get("enableCDI") {
         Some(J::Bool(true)) => {}
+        // containerd 2.4 removed the switch: CDI is always on there, and its
+        // configuration still lists the spec directories.
+        None if obj.contains_key("cdiSpecDirs") => {}
         None | Some(J::Null) | Some(J::Bool(false)) => gaps.push(Gap::CdiDisabled),
         Some(other) => return Err(bad(format!("enableCDI is {}, not a boolean", kind(other)))),
     }
@@ -994,6 +997,17 @@ mod tests {
             cri_table_path(ConfigVersion::V3),
             ["plugins", "io.containerd.cri.v1.runtime"]
         );
+    }
+
+    #[test]
+    fn containerd_2_4_without_the_cdi_switch_has_cdi_on() {
+        let opts = RuntimeOptions {
+            cdi_spec_dirs: vec!["/var/run/cdi".into()],
+            runtime_handler: None,
+        };
+        let always_on = r#"{"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"]}"#;
+        assert_eq!(effective_gaps(always_on, &opts), Ok(vec![]));
+        assert_eq!(effective_gaps("{}", &opts).unwrap()[0], Gap::CdiDisabled);
     }
 
     #[test]
