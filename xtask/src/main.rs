@@ -365,6 +365,9 @@ fn run_matrix(args: &MatrixArgs) -> Result<ExitCode> {
             eprintln!("matrix: {entry}: {e}");
         }
         columns.push((entry, outcome));
+        // The table so far, so a long matrix that is stopped keeps its results.
+        std::fs::write(report_dir.join("matrix.md"), matrix::table(&columns))
+            .with_context(|| format!("writing {}", report_dir.display()))?;
         if procs::interrupted() {
             break;
         }
