@@ -1600,9 +1600,11 @@ async fn bad_input(cluster: &TestCluster, client: &Client) -> Result<()> {
         values.as_str(),
     ];
 
-    // An operator that cannot listen on its port (below 1024, and the chart
-    // drops every capability) never gets ready: helm gives up and rolls
-    // back, running the uninstall hook with no operator to finish.
+    // An operator whose leader election timing cannot work (a renew grace
+    // longer than the lease) refuses to start and never gets ready: helm
+    // gives up and rolls back, running the uninstall hook with no operator
+    // to finish. (A port below 1024 is no such value: containerd 2.x lets
+    // pods bind any port, `enable_unprivileged_ports`.)
     let mut atomic = base.to_vec();
     atomic.extend([
         "--rollback-on-failure",
@@ -1610,7 +1612,7 @@ async fn bad_input(cluster: &TestCluster, client: &Client) -> Result<()> {
         "--timeout",
         "90s",
         "--set",
-        "operator.metricsPort=1",
+        "leaderElection.renewGraceSeconds=20",
     ]);
     let failed = run_helm(cluster, &atomic);
     ensure!(failed.is_err(), "an install that cannot work succeeded");
