@@ -3,8 +3,10 @@
 //! `cargo xtask test` is the one command that runs every test of the project,
 //! including the end-to-end tests against a real Kubernetes control plane (etcd,
 //! kube-apiserver, kube-controller-manager, kube-scheduler and kwok built from
-//! their Go modules). `cargo xtask cluster up|down|status|build` manages that
-//! control plane by hand.
+//! their Go modules). `cargo xtask cluster up|down|status|build|bin-dir`
+//! manages that control plane by hand, at the Kubernetes and containerd
+//! releases `versions.rs` lists (`--kube-version`, `--containerd-version`);
+//! `cargo xtask matrix` runs the end-to-end suite on each of them.
 mod cluster;
 mod gobuild;
 mod images;
