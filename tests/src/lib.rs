@@ -234,6 +234,25 @@ pub async fn nodes_with_prefix(client: &Client, prefix: &str) -> Vec<String> {
     }
 }
 
+/// `line` without its terminal colour codes (`ESC [ ... m`), as agents'
+/// logs carry them.
+pub fn strip_ansi(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A suffix unique within this machine for this run: process id, clock and a
 /// counter, in lowercase hex (valid in DNS-1123 names).
 pub fn unique_suffix() -> String {

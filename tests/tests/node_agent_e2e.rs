@@ -149,24 +149,7 @@ async fn wait_true(what: &str, mut probe: impl FnMut() -> bool) -> Result<()> {
 /// Lines of the agent's log, without colour codes.
 fn log_lines(path: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .map(|l| {
-            let mut out = String::new();
-            let mut chars = l.chars();
-            while let Some(c) = chars.next() {
-                if c == '\u{1b}' {
-                    for c in chars.by_ref() {
-                        if c == 'm' {
-                            break;
-                        }
-                    }
-                } else {
-                    out.push(c);
-                }
-            }
-            out
-        })
-        .collect()
+    text.lines().map(gpu_stack_e2e::strip_ansi).collect()
 }
 
 fn free_port() -> Result<u16> {

@@ -505,19 +505,7 @@ fn toolkit_took_ms(log: &str) -> Option<u64> {
     let line = log
         .lines()
         .rfind(|l| l.contains("container runtime configured"))?;
-    let mut plain = String::new();
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            plain.push(c);
-        }
-    }
+    let plain = gpu_stack_e2e::strip_ansi(line);
     let rest = &plain[plain.find("took_ms=")? + "took_ms=".len()..];
     rest.chars()
         .take_while(char::is_ascii_digit)
