@@ -405,14 +405,18 @@ pub fn fake_gpu_node(name: &str, gpus: u32, extra_labels: &BTreeMap<String, Stri
     }
 }
 
-/// The version fake nodes report for their kubelet: the cluster's minor
-/// (`GPU_STACK_E2E_KUBE_MINOR`, which `cargo xtask test` sets), else 1.37.
-fn kubelet_version() -> String {
-    let minor = std::env::var("GPU_STACK_E2E_KUBE_MINOR")
+/// The cluster's Kubernetes minor (`GPU_STACK_E2E_KUBE_MINOR`, which
+/// `cargo xtask test` and `cargo xtask matrix` set), else 37, the default.
+pub fn kube_minor() -> u32 {
+    std::env::var("GPU_STACK_E2E_KUBE_MINOR")
         .ok()
-        .and_then(|m| m.parse::<u32>().ok())
-        .unwrap_or(37);
-    format!("v1.{minor}.0")
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(37)
+}
+
+/// The version fake nodes report for their kubelet: the cluster's minor.
+fn kubelet_version() -> String {
+    format!("v1.{}.0", kube_minor())
 }
 
 /// A DaemonSet named `name` whose pods (label `app=<app>`, one container

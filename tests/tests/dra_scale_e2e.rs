@@ -734,14 +734,10 @@ async fn catalog_slices(cluster: &TestCluster, prefix: &str, run: &str) -> Resul
 /// Counter values by name.
 type Counters = BTreeMap<String, u64>;
 
-/// True on Kubernetes 1.35 and later (`GPU_STACK_E2E_KUBE_MINOR`, which
-/// `cargo xtask test` sets; 1.37 without it), where a slice holds devices or
+/// True on Kubernetes 1.35 and later, where a slice holds devices or
 /// counters, never both.
 fn split_slices() -> bool {
-    std::env::var("GPU_STACK_E2E_KUBE_MINOR")
-        .ok()
-        .and_then(|m| m.parse::<u32>().ok())
-        .is_none_or(|m| m >= 35)
+    gpu_stack_e2e::kube_minor() >= 35
 }
 
 /// A slice's counter sets: set name -> counters.
