@@ -1075,6 +1075,16 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         "nvidia-container-toolkit",
     )
     .await?;
+    // The operator's and the hook's logs say why, should the node keep
+    // labels or operands.
+    let operator_log = follow_log(
+        client,
+        "app.kubernetes.io/component=operator",
+        "gpu-operator",
+    )
+    .await?;
+    let hook_log =
+        follow_log_of_coming_pod(client, "app.kubernetes.io/component=uninstall", "uninstall");
     uninstall(cluster)?;
     let gone = wait_for(
         "the operands and the node labels to go",
@@ -1089,7 +1099,11 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     .await;
     if let Err(err) = gone {
         let left = leftovers(client).await.unwrap_or_default();
-        bail!("{err}; still there: {left:?}");
+        bail!(
+            "{err}; still there: {left:?}\n--- the operator's log ---\n{}\n--- the uninstall hook's log ---\n{}",
+            operator_log.tail(150),
+            hook_log.tail(150)
+        );
     }
     // The toolkit left with the policy: containerd restarted once onto the
     // user's config, back byte for byte, and the drop-in is gone.
@@ -1132,12 +1146,18 @@ impl FollowedLog {
     fn text(&self) -> String {
         self.0.lock().map(|t| t.clone()).unwrap_or_default()
     }
+
+    /// The last `n` lines (an operator's log is long).
+    fn tail(&self, n: usize) -> String {
+        let text = self.text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
 }
 
 /// Follows the log of `container` in the one pod `selector` matches in the
 /// stack's namespace.
 async fn follow_log(client: &Client, selector: &str, container: &str) -> Result<FollowedLog> {
-    use futures::{AsyncBufReadExt, StreamExt};
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let list = pods.list(&ListParams::default().labels(selector)).await?;
     let name = list
@@ -1145,24 +1165,63 @@ async fn follow_log(client: &Client, selector: &str, container: &str) -> Result<
         .first()
         .map(|p| p.name_any())
         .with_context(|| format!("no pod matches {selector}"))?;
-    let params = LogParams {
-        follow: true,
-        container: Some(container.into()),
-        ..LogParams::default()
-    };
-    let lines = pods.log_stream(&name, &params).await?.lines();
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    tokio::spawn(copy_log(pods, name, container.to_string(), text.clone()));
+    Ok(FollowedLog(text))
+}
+
+/// The log of the first pod matching `selector` that appears within `STEP`
+/// (a hook's pod, created by the command the test runs next).
+fn follow_log_of_coming_pod(client: &Client, selector: &str, container: &str) -> FollowedLog {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let (selector, container) = (selector.to_string(), container.to_string());
     let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let sink = text.clone();
     tokio::spawn(async move {
-        let mut lines = std::pin::pin!(lines);
-        while let Some(Ok(line)) = lines.next().await {
-            if let Ok(mut t) = sink.lock() {
-                t.push_str(&line);
-                t.push('\n');
+        let deadline = tokio::time::Instant::now() + STEP;
+        while tokio::time::Instant::now() < deadline {
+            let listed = pods.list(&ListParams::default().labels(&selector)).await;
+            let running = listed.ok().and_then(|l| {
+                l.items.into_iter().find(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.start_time.as_ref())
+                        .is_some()
+                })
+            });
+            if let Some(pod) = running {
+                copy_log(pods, pod.name_any(), container, sink).await;
+                return;
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    Ok(FollowedLog(text))
+    FollowedLog(text)
+}
+
+/// Appends a pod's log to `sink`, following it until the pod is gone.
+async fn copy_log(
+    pods: Api<Pod>,
+    name: String,
+    container: String,
+    sink: std::sync::Arc<std::sync::Mutex<String>>,
+) {
+    use futures::{AsyncBufReadExt, StreamExt};
+    let params = LogParams {
+        follow: true,
+        container: Some(container),
+        ..LogParams::default()
+    };
+    let Ok(stream) = pods.log_stream(&name, &params).await else {
+        return;
+    };
+    let mut lines = std::pin::pin!(stream.lines());
+    while let Some(Ok(line)) = lines.next().await {
+        if let Ok(mut t) = sink.lock() {
+            t.push_str(&line);
+            t.push('\n');
+        }
+    }
 }
 
 /// `nodeAgent.enabled` by `helm upgrade`: the hosted components' own
