@@ -821,8 +821,27 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         "a second run of the toolkit agent changed the config"
     );
 
-    // 4. A workload gets exactly one GPU: with `cdi-cri`, containerd injects
-    // the device node of the allocated GPU through CDI.
+    // 4. A workload without a RuntimeClass gets exactly one GPU: with the
+    // chart's defaults (`cdi.enabled`) the plugin names its devices through
+    // CDI (`cdi-annotations,cdi-cri`, NVIDIA's rule) and containerd injects
+    // the device node of the allocated GPU.
+    let plugin = pods
+        .list(&ListParams::default().labels("app=nvidia-device-plugin-daemonset"))
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .context("no device plugin pod")?;
+    let strategy = plugin
+        .spec
+        .iter()
+        .flat_map(|s| s.containers[0].env.iter().flatten())
+        .find(|e| e.name == "DEVICE_LIST_STRATEGY")
+        .and_then(|e| e.value.clone());
+    ensure!(
+        strategy.as_deref() == Some("cdi-annotations,cdi-cri"),
+        "the default device list strategy with CDI on is {strategy:?}"
+    );
     let one = busybox_pod(
         "gpu-workload",
         &[("nvidia.com/gpu", "1")],

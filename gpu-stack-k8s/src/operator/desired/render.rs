@@ -627,12 +627,7 @@ fn component_env(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
             out.push(env("CDI_ENABLED", spec.cdi_enabled().to_string()));
             out.push(env("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"));
             out.push(env("CONTAINERD_RUNTIME_CLASS", spec.runtime_class()));
-            let dir = spec
-                .toolkit
-                .as_ref()
-                .and_then(|t| t.install_dir.clone())
-                .unwrap_or_else(|| "/usr/local/nvidia".into());
-            out.push(env("TOOLKIT_INSTALL_DIR", dir));
+            out.push(env("TOOLKIT_INSTALL_DIR", toolkit_install_dir(spec)));
         }
         Component::DevicePlugin | Component::GpuFeatureDiscovery => {
             out.push(env("MIG_STRATEGY", spec.mig_strategy()));
@@ -641,6 +636,9 @@ fn component_env(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                 // where its pod mounts the driver root (NVIDIA's variables).
                 out.push(env("NVIDIA_DRIVER_ROOT", driver_install_dir(spec)));
                 out.push(env("CONTAINER_DRIVER_ROOT", PLUGIN_DRIVER_ROOT));
+                if spec.cdi_enabled() {
+                    out.extend(device_plugin_cdi_env(spec));
+                }
             }
         }
         Component::DraPlugin => {
@@ -664,6 +662,33 @@ fn component_env(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
     }
     with_user_env(&mut out, spec, c);
     out
+}
+
+/// With CDI on (`cdi.enabled`, the default), NVIDIA's rule: the device
+/// plugin names its devices through CDI, so containerd injects them into any
+/// pod, whatever its RuntimeClass (with `envvar` a pod on plain runc would
+/// get `NVIDIA_VISIBLE_DEVICES` and no device node). NVIDIA's toolkit
+/// installs the CDI hook under its install dir; the spec names it there.
+fn device_plugin_cdi_env(spec: &ClusterPolicySpec) -> Vec<EnvVar> {
+    let mut out = vec![
+        env("DEVICE_LIST_STRATEGY", "cdi-annotations,cdi-cri"),
+        env("CDI_ANNOTATION_PREFIX", "cdi.k8s.io/"),
+    ];
+    if spec.enablement().toolkit && !spec.toolkit_is_gpu_stack() {
+        out.push(env(
+            "NVIDIA_CDI_HOOK_PATH",
+            format!("{}/toolkit/nvidia-cdi-hook", toolkit_install_dir(spec)),
+        ));
+    }
+    out
+}
+
+/// Where NVIDIA's toolkit installs itself on the host (`toolkit.installDir`).
+fn toolkit_install_dir(spec: &ClusterPolicySpec) -> String {
+    spec.toolkit
+        .as_ref()
+        .and_then(|t| t.install_dir.clone())
+        .unwrap_or_else(|| "/usr/local/nvidia".into())
 }
 
 /// A component's `env` from the policy, overriding by name.

@@ -1118,3 +1118,71 @@ fn mig_configs_say_the_dra_plugin_owns_mig_layouts() {
 }
 
 mod node_agent;
+
+/// The device plugin's env as (name, value), in order.
+fn plugin_env(spec: serde_json::Value) -> Vec<(String, String)> {
+    let policy = policy_with(spec);
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::DevicePlugin, None);
+    pod_of(&ds).containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn env_value<'a>(env: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    env.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn with_cdi_on_the_device_plugin_names_devices_through_cdi_as_nvidias_operator_does() {
+    // The defaults (CDI on, NVIDIA's toolkit image): both CDI strategies,
+    // the annotation prefix and the hook where NVIDIA's toolkit installs it.
+    let env = plugin_env(serde_json::json!({}));
+    assert_eq!(
+        env_value(&env, "DEVICE_LIST_STRATEGY"),
+        Some("cdi-annotations,cdi-cri")
+    );
+    assert_eq!(
+        env_value(&env, "CDI_ANNOTATION_PREFIX"),
+        Some("cdi.k8s.io/")
+    );
+    assert_eq!(
+        env_value(&env, "NVIDIA_CDI_HOOK_PATH"),
+        Some("/usr/local/nvidia/toolkit/nvidia-cdi-hook")
+    );
+    let env = plugin_env(serde_json::json!({"toolkit": {"installDir": "/opt/nvidia"}}));
+    assert_eq!(
+        env_value(&env, "NVIDIA_CDI_HOOK_PATH"),
+        Some("/opt/nvidia/toolkit/nvidia-cdi-hook")
+    );
+    // gpu-stack's toolkit installs no hook: the plugin's own default stays.
+    let env = plugin_env(serde_json::json!({"toolkit": {
+        "repository": "localhost/gpu-stack", "image": "gpu-stack", "version": "0.1.0"}}));
+    assert_eq!(
+        env_value(&env, "DEVICE_LIST_STRATEGY"),
+        Some("cdi-annotations,cdi-cri")
+    );
+    assert_eq!(env_value(&env, "NVIDIA_CDI_HOOK_PATH"), None);
+    // No toolkit from the operator: no hook path of its install dir.
+    let env = plugin_env(serde_json::json!({"toolkit": {"enabled": false}}));
+    assert_eq!(env_value(&env, "NVIDIA_CDI_HOOK_PATH"), None);
+    // CDI off: the plugin's own default (envvar).
+    let env = plugin_env(serde_json::json!({"cdi": {"enabled": false}}));
+    assert_eq!(env_value(&env, "DEVICE_LIST_STRATEGY"), None);
+    assert_eq!(env_value(&env, "CDI_ANNOTATION_PREFIX"), None);
+    // The policy's env wins, once.
+    let env = plugin_env(serde_json::json!({"devicePlugin": {"env": [
+        {"name": "DEVICE_LIST_STRATEGY", "value": "envvar"}]}}));
+    let strategies: Vec<&str> = env
+        .iter()
+        .filter(|(n, _)| n == "DEVICE_LIST_STRATEGY")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(strategies, ["envvar"]);
+}
