@@ -190,6 +190,60 @@ pub enum ValidationError {
         /// Node name.
         node: String,
     },
+    /// The plugin's workload pod does not see exactly the one GPU it was
+    /// allocated.
+    #[error(
+        "plugin not ready: a pod allocated one GPU and no RuntimeClass sees {} GPU device node(s){}{}; the runtime did not inject the allocated device: check that containerd has CDI on (the toolkit's job) and that the device plugin's DEVICE_LIST_STRATEGY is cdi-annotations or cdi-cri",
+        gpu_nodes.len(),
+        if gpu_nodes.is_empty() { String::new() } else { format!(" ({})", gpu_nodes.join(", ")) },
+        if *control { "" } else { " and no /dev/nvidiactl" }
+    )]
+    WorkloadDevices {
+        /// The `/dev/nvidia<N>` nodes it sees (at most [`MAX_ECHOED_DEVICES`]).
+        gpu_nodes: Vec<String>,
+        /// Whether it sees `/dev/nvidiactl`.
+        control: bool,
+    },
+}
+
+/// At most this many device names are echoed in an error.
+pub const MAX_ECHOED_DEVICES: usize = 16;
+
+/// The resource the plugin check's workload pod asks one of: a whole GPU
+/// where the node advertises them, else the first MIG resource (by name).
+pub fn workload_resource(allocatable: &BTreeMap<String, String>) -> Option<String> {
+    let resources = gpu_resources(allocatable);
+    if resources.contains_key(GPU_RESOURCE) {
+        return Some(GPU_RESOURCE.to_string());
+    }
+    resources.into_keys().next()
+}
+
+/// Whether a `/dev` entry name is a GPU's device node (`nvidia<N>`).
+fn is_gpu_node(name: &str) -> bool {
+    name.strip_prefix("nvidia")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// What the workload pod sees in its `/dev`: it was allocated one GPU (or
+/// one MIG device, whose parent GPU's node it gets), so it must see exactly
+/// one `nvidia<N>` node and `nvidiactl`. Returns the GPU node's name.
+pub fn check_workload_devices(dev_entries: &[String]) -> Result<String, ValidationError> {
+    let mut gpu_nodes: Vec<&String> = dev_entries.iter().filter(|e| is_gpu_node(e)).collect();
+    gpu_nodes.sort();
+    gpu_nodes.dedup();
+    let control = dev_entries.iter().any(|e| e == "nvidiactl");
+    match gpu_nodes.as_slice() {
+        [one] if control => Ok((*one).clone()),
+        _ => Err(ValidationError::WorkloadDevices {
+            gpu_nodes: gpu_nodes
+                .into_iter()
+                .take(MAX_ECHOED_DEVICES)
+                .cloned()
+                .collect(),
+            control,
+        }),
+    }
 }
 
 /// A status file to write: its name under the validations directory and its content.
@@ -558,6 +612,67 @@ mod tests {
     }
 
     #[test]
+    fn the_workload_asks_for_a_whole_gpu_first_then_a_mig_device() {
+        let alloc = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            workload_resource(&alloc(&[
+                ("nvidia.com/mig-1g.10gb", "7"),
+                ("nvidia.com/gpu", "1")
+            ])),
+            Some("nvidia.com/gpu".into())
+        );
+        assert_eq!(
+            workload_resource(&alloc(&[
+                ("nvidia.com/gpu", "0"),
+                ("nvidia.com/mig-2g.20gb", "3"),
+                ("nvidia.com/mig-1g.10gb", "7")
+            ])),
+            Some("nvidia.com/mig-1g.10gb".into())
+        );
+        assert_eq!(workload_resource(&alloc(&[("cpu", "8")])), None);
+    }
+
+    #[test]
+    fn a_workload_must_see_exactly_its_gpu_and_the_control_node() {
+        let dev = |names: &[&str]| -> Vec<String> { names.iter().map(|s| s.to_string()).collect() };
+        assert_eq!(
+            check_workload_devices(&dev(&["null", "nvidia1", "nvidiactl", "nvidia-uvm"])),
+            Ok("nvidia1".into())
+        );
+        // A MIG device: its parent GPU's node and the capability nodes.
+        assert_eq!(
+            check_workload_devices(&dev(&["nvidia0", "nvidiactl", "nvidia-caps"])),
+            Ok("nvidia0".into())
+        );
+        // envvar on plain runc: nothing injected.
+        let err = check_workload_devices(&dev(&["null", "zero"])).unwrap_err();
+        assert_eq!(
+            err,
+            ValidationError::WorkloadDevices {
+                gpu_nodes: vec![],
+                control: false
+            }
+        );
+        assert!(
+            err.to_string()
+                .contains("0 GPU device node(s) and no /dev/nvidiactl")
+        );
+        // Every GPU of the node: not isolated.
+        let err = check_workload_devices(&dev(&["nvidia0", "nvidia1", "nvidiactl"])).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("2 GPU device node(s) (nvidia0, nvidia1)"),
+            "{err}"
+        );
+        assert!(check_workload_devices(&dev(&["nvidia0"])).is_err());
+    }
+
+    #[test]
     fn missing_files_in_order() {
         let present = BTreeSet::from(["toolkit-ready".to_string()]);
         assert_eq!(
@@ -580,6 +695,23 @@ mod tests {
         fn cuda_version_round_trips(major in 0u32..1000, minor in 0u32..1000) {
             let v = CudaVersion { major, minor };
             prop_assert_eq!(v.to_string().parse::<CudaVersion>().unwrap(), v);
+        }
+
+        #[test]
+        fn a_workload_passes_iff_one_gpu_node_and_the_control_node(
+            gpus in proptest::collection::vec(0u32..300, 0..40),
+            control in any::<bool>(),
+            others in proptest::collection::vec("[a-z-]{1,12}", 0..10),
+        ) {
+            let mut dev: Vec<String> = gpus.iter().map(|n| format!("nvidia{n}")).collect();
+            dev.extend(others.iter().filter(|o| !o.starts_with("nvidia")).cloned());
+            if control { dev.push("nvidiactl".into()); }
+            let distinct: BTreeSet<&u32> = gpus.iter().collect();
+            let r = check_workload_devices(&dev);
+            prop_assert_eq!(r.is_ok(), distinct.len() == 1 && control);
+            if let Err(ValidationError::WorkloadDevices { gpu_nodes, .. }) = r {
+                prop_assert!(gpu_nodes.len() <= MAX_ECHOED_DEVICES);
+            }
         }
 
         #[test]
