@@ -16,7 +16,7 @@
 //! - [`nodediscovery`]: the agent that writes NFD's node labels where NFD is not installed.
 //! - [`toolkit`]: the container toolkit agent (CDI-native runtime setup, no shim).
 //! - [`demo`]: the operator and agents against an in-memory cluster and simulated GPUs.
-//! - [`validator`] (validator.rs): the per-node validator's side effects.
+//! - [`validator`] (validator/): the per-node validator's side effects and the plugin check's workload pod.
 //! - [`node_status`] (node_status.rs): the node status exporter.
 //!
 //! The modules that moved keep their old paths through re-exports:

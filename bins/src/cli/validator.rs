@@ -19,8 +19,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use gpu_stack_core::operator::components::VALIDATIONS_DIR;
 use gpu_stack_core::operator::validation::{
-    CudaVersion, DEFAULT_REQUIRED_CUDA, DriverRoot, ValidationComponent, parse_components,
+    CudaVersion, DEFAULT_REQUIRED_CUDA, DriverRoot, ValidationComponent, check_workload_devices,
+    parse_components,
 };
+use gpu_stack_k8s::validator::workload::PluginWorkload;
 use gpu_stack_k8s::validator::{
     DEFAULT_TOOLKIT_EVIDENCE, RuntimeCheck, Sources, ValidatorError, ValidatorOptions, hold,
     validate, wait_for_ready,
@@ -39,9 +41,28 @@ pub struct Args {
         long,
         env = "COMPONENT",
         value_name = "NAME",
-        required_unless_present = "hold"
+        required_unless_present_any = ["hold", "workload_devices"]
     )]
     component: Option<String>,
+    /// Check nothing else: this process is the plugin check's workload pod;
+    /// it passes when its /dev holds exactly one GPU device node and
+    /// nvidiactl, and writes its verdict to the termination message.
+    #[arg(long, conflicts_with_all = ["hold", "wait", "wait_only", "component"])]
+    workload_devices: bool,
+    /// The plugin check also runs a workload pod of this image (the
+    /// validator's own) asking for one GPU on this node, without a
+    /// RuntimeClass, and passes only if the pod sees exactly that GPU.
+    #[arg(long, value_name = "IMAGE", requires = "plugin_workload_namespace")]
+    plugin_workload_image: Option<String>,
+    /// Namespace of the workload pod (the validator's).
+    #[arg(long, value_name = "NS", requires = "plugin_workload_image")]
+    plugin_workload_namespace: Option<String>,
+    /// Pull secret of the workload pod's image (repeat for more).
+    #[arg(long, value_name = "NAME")]
+    plugin_workload_pull_secret: Vec<String>,
+    /// Seconds the workload pod may take to give its verdict.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    plugin_workload_timeout: u64,
     /// Directory of the status files.
     #[arg(long, value_name = "DIR", default_value = VALIDATIONS_DIR)]
     validations_dir: PathBuf,
@@ -194,6 +215,15 @@ pub async fn checks(args: Args) -> Result<Checks> {
         },
         cuda_required: args.cuda_version,
         node: args.backend.node.clone(),
+        plugin_workload: match (args.plugin_workload_image, args.plugin_workload_namespace) {
+            (Some(image), Some(namespace)) => Some(PluginWorkload {
+                image,
+                namespace,
+                pull_secrets: args.plugin_workload_pull_secret,
+                timeout: Duration::from_secs(args.plugin_workload_timeout.max(1)),
+            }),
+            _ => None,
+        },
         wait: args.wait.then_some(args.timeout.limit()),
         poll,
     };
@@ -230,6 +260,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    if args.workload_devices {
+        return Ok(workload_devices(
+            std::path::Path::new("/dev"),
+            std::path::Path::new(TERMINATION_LOG),
+        ));
+    }
     if args.hold {
         return rt.block_on(async move {
             println!("all validations are successful");
@@ -270,6 +306,44 @@ pub fn run(args: Args) -> Result<ExitCode> {
     })
 }
 
+/// Where the kubelet reads a container's termination message.
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// The workload pod's check of its own `dev` directory: the verdict goes to
+/// stdout or stderr and to `termination_log` (where the validator reads it).
+fn workload_devices(dev: &std::path::Path, termination_log: &std::path::Path) -> ExitCode {
+    // A device directory holds a few hundred entries; bounded regardless.
+    let entries: Vec<String> = match std::fs::read_dir(dev) {
+        Ok(dir) => dir
+            .flatten()
+            .take(4096)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect(),
+        Err(e) => {
+            let why = format!(
+                "plugin not ready: the workload pod cannot list {}: {e}",
+                dev.display()
+            );
+            eprintln!("error: {why}");
+            let _ = std::fs::write(termination_log, &why);
+            return ExitCode::from(1);
+        }
+    };
+    let (message, code) = match check_workload_devices(&entries) {
+        Ok(gpu) => {
+            println!("sees exactly /dev/{gpu} and /dev/nvidiactl");
+            (gpu, ExitCode::SUCCESS)
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            (err.to_string(), ExitCode::from(1))
+        }
+    };
+    // Best effort: without the file the kubelet falls back to the log on failure.
+    let _ = std::fs::write(termination_log, message);
+    code
+}
+
 fn list_or_none(names: &[String]) -> String {
     if names.is_empty() {
         "no status file".into()
@@ -295,4 +369,39 @@ fn gpu_source(
     backend: BackendArgs,
 ) -> Box<dyn Fn() -> Result<Arc<dyn gpu_stack_core::backend::GpuBackend>, String> + Send + Sync> {
     Box::new(move || backend.build().map_err(|e| format!("{e:#}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev_with(names: &[&str]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for n in names {
+            std::fs::write(dir.path().join(n), b"").unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn the_workload_pod_reports_its_verdict_in_the_termination_message() {
+        let out = tempfile::tempdir().unwrap();
+        let log = out.path().join("termination-log");
+        let dev = dev_with(&["null", "nvidia1", "nvidiactl", "nvidia-uvm"]);
+        assert_eq!(workload_devices(dev.path(), &log), ExitCode::SUCCESS);
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "nvidia1");
+
+        let dev = dev_with(&["null", "zero"]);
+        assert_eq!(workload_devices(dev.path(), &log), ExitCode::from(1));
+        let why = std::fs::read_to_string(&log).unwrap();
+        assert!(why.contains("0 GPU device node(s)"), "{why}");
+
+        let missing = out.path().join("no-such-dev");
+        assert_eq!(workload_devices(&missing, &log), ExitCode::from(1));
+        assert!(
+            std::fs::read_to_string(&log)
+                .unwrap()
+                .contains("cannot list")
+        );
+    }
 }

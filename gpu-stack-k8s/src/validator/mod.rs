@@ -7,6 +7,9 @@
 //! temporary file in the same directory, fsync, rename, fsync of the
 //! directory), so an init container polling for it never reads half a file; a
 //! failed check writes nothing and removes a stale file of the same name.
+//!
+//! - [`workload`] (workload.rs): the plugin check's workload pod.
+pub mod workload;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,7 +19,7 @@ use gpu_stack_core::backend::GpuBackend;
 use gpu_stack_core::operator::validation::{
     CudaVersion, DriverEvidence, DriverRoot, PluginEvidence, ReadyFile, ToolkitEvidence,
     ValidationComponent, ValidationError, check_cuda, check_driver, check_plugin, check_toolkit,
-    missing_ready_files,
+    missing_ready_files, workload_resource,
 };
 use gpu_stack_nvml::fsutil::{AtomicWriteError, write_atomic};
 use k8s_openapi::api::core::v1::Node;
@@ -50,6 +53,9 @@ pub enum ValidatorError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The plugin check's workload pod gave no verdict, or a failing one.
+    #[error(transparent)]
+    Workload(#[from] workload::WorkloadError),
     /// The plugin check has no node name.
     #[error(
         "the plugin check needs the node name: pass --node or set NODE_NAME (the DaemonSet sets it from spec.nodeName)"
@@ -129,6 +135,9 @@ pub struct ValidatorOptions {
     pub cuda_required: CudaVersion,
     /// Node name (for the plugin check).
     pub node: Option<String>,
+    /// The plugin check's workload pod, where it runs one (nodes whose GPUs
+    /// reach pods through the device plugin; not DRA nodes).
+    pub plugin_workload: Option<workload::PluginWorkload>,
     /// Retry failed checks until this much time has passed (`None`: check once).
     pub wait: Option<Duration>,
     /// Pause between retries.
@@ -407,7 +416,30 @@ pub async fn check_once(
                 .kube
                 .as_ref()
                 .map_err(|e| ValidatorError::NoKube(e.clone()))?;
-            Ok(check_plugin(&plugin_evidence(client, node).await?)?)
+            let evidence = plugin_evidence(client, node).await?;
+            let file = check_plugin(&evidence)?;
+            let (Some(pod), None) = (&options.plugin_workload, evidence.dra_devices) else {
+                return Ok(file);
+            };
+            let resource = workload_resource(&evidence.allocatable)
+                .ok_or_else(|| ValidationError::NoGpuResources { node: node.into() })?;
+            let reported = workload::run(client, node, &resource, pod).await?;
+            // One line of an env file, whatever the pod wrote.
+            let device: String = reported
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .take(64)
+                .collect();
+            Ok(ReadyFile {
+                content: format!(
+                    "{}WORKLOAD_RESOURCE={resource}\nWORKLOAD_DEVICE=/dev/{device}\n",
+                    file.content
+                ),
+                ..file
+            })
         }
     }
 }
@@ -484,6 +516,7 @@ mod tests {
             toolkit_runtime: None,
             cuda_required: "12.0".parse().unwrap(),
             node: None,
+            plugin_workload: None,
             wait: None,
             poll: Duration::from_millis(10),
         }
