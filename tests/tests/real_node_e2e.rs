@@ -700,6 +700,15 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         "figure: helm install -> ClusterPolicy ready in {:.1}s",
         installed.elapsed().as_secs_f64()
     );
+    // The plugin check passed on a pod of its own, without a RuntimeClass,
+    // that saw exactly the GPU it was allocated (not on allocatable alone).
+    let plugin_ready =
+        std::fs::read_to_string(on_node(dir, "/run/nvidia/validations/plugin-ready"))?;
+    ensure!(
+        plugin_ready.contains("WORKLOAD_RESOURCE=nvidia.com/gpu\n")
+            && plugin_ready.contains("WORKLOAD_DEVICE=/dev/nvidia"),
+        "the plugin check ran no workload pod that saw its GPU:\n{plugin_ready}"
+    );
     // Every pod of the stack Running and Ready (probes run every few seconds,
     // so a pod may still turn Ready just after the policy did).
     wait_for(

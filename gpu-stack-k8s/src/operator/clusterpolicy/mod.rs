@@ -713,6 +713,31 @@ fn is_int_or_percent(s: &str) -> bool {
     !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
 }
 
+/// The variable of NVIDIA's `validator.plugin.env` that turns the plugin
+/// check's workload pod on or off.
+const WITH_WORKLOAD: &str = "WITH_WORKLOAD";
+
+/// The `env` list of NVIDIA's `validator.plugin` (kept among the
+/// validator's unmodelled fields).
+fn validator_plugin_env(validator: Option<&ComponentSpec>) -> Option<&Vec<Value>> {
+    validator?.extra.get("plugin")?.get("env")?.as_array()
+}
+
+/// Whether `validator.plugin` holds nothing but `env` entries naming
+/// `WITH_WORKLOAD`, which gpu-stack acts on.
+fn validator_plugin_only_sets_workload(plugin: &Value) -> bool {
+    let Some(fields) = plugin.as_object() else {
+        return false;
+    };
+    fields.iter().all(|(k, v)| {
+        k == "env"
+            && v.as_array().is_some_and(|env| {
+                env.iter()
+                    .all(|e| e.get("name").and_then(Value::as_str) == Some(WITH_WORKLOAD))
+            })
+    })
+}
+
 /// Names of the top-level sections we model (used for the unsupported list).
 pub const KNOWN_SECTIONS: [&str; 17] = [
     "operator",
@@ -1025,6 +1050,19 @@ impl ClusterPolicySpec {
             .to_string()
     }
 
+    /// NVIDIA's `validator.plugin.env` entry `WITH_WORKLOAD`: whether the
+    /// plugin check runs a workload pod. gpu-stack runs one unless it is
+    /// `false`.
+    pub fn plugin_workload_wanted(&self) -> bool {
+        validator_plugin_env(self.validator.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|e| e.get("name").and_then(Value::as_str) == Some(WITH_WORKLOAD))
+            .filter_map(|e| e.get("value").and_then(Value::as_str))
+            .next_back()
+            .is_none_or(|v| !v.trim().eq_ignore_ascii_case("false"))
+    }
+
     /// Whether CDI is on (default true).
     pub fn cdi_enabled(&self) -> bool {
         self.cdi.as_ref().and_then(|c| c.enabled).unwrap_or(true)
@@ -1188,8 +1226,15 @@ impl ClusterPolicySpec {
                 section(section_name(c), &spec.extra);
             }
         }
+
         if let Some(spec) = &self.node_agent {
             section("nodeAgent", &spec.extra);
+        }
+        // `validator.plugin` is honoured when it only says WITH_WORKLOAD.
+        if let Some(plugin) = self.validator.as_ref().and_then(|v| v.extra.get("plugin"))
+            && validator_plugin_only_sets_workload(plugin)
+        {
+            out.retain(|f| f != "spec.validator.plugin");
         }
         if self.dcgm.as_ref().and_then(|d| d.enabled) == Some(true) {
             out.push("spec.dcgm.enabled".into());

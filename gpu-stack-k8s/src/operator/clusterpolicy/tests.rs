@@ -124,14 +124,15 @@ fn unsupported_fields_are_listed_not_dropped() {
         "spec.sandboxWorkloads",
         "spec.driver.rdma",
         "spec.operator.initContainer",
-        "spec.validator.plugin",
         "spec.dcgmExporter.serviceMonitor",
     ] {
         assert!(u.iter().any(|f| f == want), "{want} missing from {u:?}");
     }
-    // Disabled unsupported sections, the disabled standalone DCGM and the
-    // driver manager (rendered) are quiet.
+    // Disabled unsupported sections, the disabled standalone DCGM, the
+    // driver manager (rendered) and the plugin check's WITH_WORKLOAD
+    // (honoured) are quiet.
     for quiet in [
+        "spec.validator.plugin",
         "spec.gds",
         "spec.vgpuManager",
         "spec.dcgm.enabled",
@@ -140,6 +141,23 @@ fn unsupported_fields_are_listed_not_dropped() {
         assert!(!u.iter().any(|f| f == quiet), "{quiet} listed in {u:?}");
     }
     assert!(cp.spec.validate().is_empty(), "{:?}", cp.spec.validate());
+    assert!(!cp.spec.plugin_workload_wanted());
+}
+
+#[test]
+fn the_plugin_checks_workload_switch_is_honoured_and_the_rest_reported() {
+    let spec = |plugin: serde_json::Value| -> ClusterPolicySpec {
+        serde_json::from_value(serde_json::json!({"validator": {"plugin": plugin}})).unwrap()
+    };
+    let workload = spec(serde_json::json!({"env": [{"name": "WITH_WORKLOAD", "value": "true"}]}));
+    assert!(workload.plugin_workload_wanted());
+    assert!(workload.unsupported_fields().is_empty());
+    let other = spec(serde_json::json!({"env": [
+        {"name": "WITH_WORKLOAD", "value": "false"},
+        {"name": "SLEEP_INTERVAL_SECONDS", "value": "10"}]}));
+    assert!(!other.plugin_workload_wanted());
+    assert_eq!(other.unsupported_fields(), ["spec.validator.plugin"]);
+    assert!(ClusterPolicySpec::default().plugin_workload_wanted());
 }
 
 #[test]

@@ -488,6 +488,17 @@ fn check_container(ctx: &RenderContext, gates: &[Gate]) -> Container {
             args.push(format!("/host{trace}"));
         }
     }
+    if has(Gate::PluginValidation) && plugin_workload_runs(ctx) {
+        args.extend([
+            "--plugin-workload-image".into(),
+            validator.image.clone(),
+            "--plugin-workload-namespace".into(),
+            ctx.namespace.to_string(),
+        ]);
+        for secret in &validator.pull_secrets {
+            args.extend(["--plugin-workload-pull-secret".into(), secret.clone()]);
+        }
+    }
     let toolkit_on_host =
         toolkit && (!ctx.spec().enablement().toolkit || ctx.spec().toolkit_is_gpu_stack());
     if has(Gate::DriverValidation) || toolkit_on_host {
@@ -512,6 +523,21 @@ fn check_container(ctx: &RenderContext, gates: &[Gate]) -> Container {
         security_context: privileged(),
         ..Default::default()
     }
+}
+
+/// Whether the plugin check runs its workload pod: unless the policy says
+/// `WITH_WORKLOAD=false` (NVIDIA's `validator.plugin.env`), and where the
+/// device plugin names its devices through CDI, the path by which a pod
+/// without a RuntimeClass gets them. With `envvar` or `volume-mounts` only
+/// a runtime shim injects devices, for pods that ask for its RuntimeClass.
+fn plugin_workload_runs(ctx: &RenderContext) -> bool {
+    let plugin_env = component_env(ctx, Component::DevicePlugin, None);
+    let cdi_strategy = plugin_env
+        .iter()
+        .find(|e| e.name == "DEVICE_LIST_STRATEGY")
+        .and_then(|e| e.value.as_deref())
+        .is_some_and(|v| v.split(',').any(|s| s.trim().starts_with("cdi-")));
+    cdi_strategy && ctx.spec().plugin_workload_wanted()
 }
 
 /// A wait-only gate: it reads the status files the privileged validator

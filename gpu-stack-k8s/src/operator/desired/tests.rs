@@ -1186,3 +1186,67 @@ fn with_cdi_on_the_device_plugin_names_devices_through_cdi_as_nvidias_operator_d
         .collect();
     assert_eq!(strategies, ["envvar"]);
 }
+
+/// The validator's check container's args for `spec`.
+fn check_args(spec: serde_json::Value) -> Vec<String> {
+    let policy = policy_with(spec);
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::OperatorValidator, None);
+    pod_of(&ds).init_containers.as_ref().unwrap()[0]
+        .args
+        .clone()
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_plugin_check_runs_a_workload_pod_where_pods_get_devices_through_cdi() {
+    let args = check_args(serde_json::json!({
+        "validator": {"imagePullSecrets": ["regcred"]}
+    }));
+    let at = args
+        .iter()
+        .position(|a| a == "--plugin-workload-image")
+        .expect("a workload pod with the defaults");
+    assert!(args[at + 1].contains("gpu-stack"), "{args:?}");
+    let ns = args
+        .iter()
+        .position(|a| a == "--plugin-workload-namespace")
+        .unwrap();
+    assert_eq!(args[ns + 1], "gpu-operator");
+    let secret = args
+        .iter()
+        .position(|a| a == "--plugin-workload-pull-secret")
+        .unwrap();
+    assert_eq!(args[secret + 1], "regcred");
+    // NVIDIA's switch, honoured.
+    for off in ["false", "FALSE"] {
+        let args = check_args(serde_json::json!({"validator": {"plugin": {"env": [
+            {"name": "WITH_WORKLOAD", "value": off}]}}}));
+        assert!(
+            !args.iter().any(|a| a == "--plugin-workload-image"),
+            "{args:?}"
+        );
+    }
+    let args = check_args(serde_json::json!({"validator": {"plugin": {"env": [
+        {"name": "WITH_WORKLOAD", "value": "true"}]}}}));
+    assert!(args.iter().any(|a| a == "--plugin-workload-image"));
+    // envvar (CDI off, or the policy's own strategy): only a runtime shim
+    // injects devices, for pods of its RuntimeClass; no workload pod.
+    for spec in [
+        serde_json::json!({"cdi": {"enabled": false}}),
+        serde_json::json!({"devicePlugin": {"env": [
+            {"name": "DEVICE_LIST_STRATEGY", "value": "envvar"}]}}),
+    ] {
+        let args = check_args(spec);
+        assert!(
+            !args.iter().any(|a| a == "--plugin-workload-image"),
+            "{args:?}"
+        );
+    }
+    let args = check_args(serde_json::json!({"devicePlugin": {"env": [
+        {"name": "DEVICE_LIST_STRATEGY", "value": "envvar,cdi-cri"}]}}));
+    assert!(args.iter().any(|a| a == "--plugin-workload-image"));
+}
