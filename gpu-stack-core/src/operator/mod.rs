@@ -15,6 +15,7 @@
 //! - [`nvidiadriver`]: NVIDIADriver routing (which resource owns each GPU
 //!   node's driver) and its validation.
 //! - [`validation`]: the per-node validator's checks and the status files it writes.
+//! - [`platform`]: the Kubernetes releases the operator runs against.
 //! - [`upgrade`]: the driver upgrade policy and state machine: one pure pass
 //!   decides each node's next upgrade state and what to do to it.
 //!
@@ -27,5 +28,6 @@ pub mod migconfig;
 pub mod migdemand;
 pub mod migusage;
 pub mod nvidiadriver;
+pub mod platform;
 pub mod upgrade;
 pub mod validation;

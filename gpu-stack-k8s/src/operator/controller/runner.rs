@@ -10,6 +10,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::StreamExt;
+use gpu_stack_core::dra::slices::{KubeVersion, VersionError};
+use gpu_stack_core::operator::platform::{PlatformError, check_api_server};
 use kube::Client;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -57,6 +59,12 @@ pub enum RunError {
     /// The kube client could not be built from the configuration.
     #[error("cannot build a Kubernetes client: {0}")]
     Client(#[source] kube::Error),
+    /// The API server is a release gpu-stack does not run on.
+    #[error(transparent)]
+    Platform(#[from] PlatformError),
+    /// The API server's version reads as no Kubernetes version.
+    #[error(transparent)]
+    Version(#[from] VersionError),
     /// Leader election failed.
     #[error(transparent)]
     Leader(#[from] LeaderError),
@@ -69,6 +77,33 @@ pub enum RunError {
     /// The controller could not start.
     #[error(transparent)]
     Controller(#[from] ControllerError),
+}
+
+/// How long reading the API server's version may take at start.
+const VERSION_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Refuses an API server older than gpu-stack supports, before anything is
+/// written. An API server that does not answer in time is not refused here:
+/// every later call has its own deadline and says why it failed.
+async fn check_platform(client: &Client) -> Result<(), RunError> {
+    let info = match tokio::time::timeout(VERSION_READ_TIMEOUT, client.apiserver_version()).await {
+        Ok(Ok(info)) => info,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the API server's version; going on");
+            return Ok(());
+        }
+        Err(_) => {
+            tracing::warn!(
+                secs = VERSION_READ_TIMEOUT.as_secs(),
+                "the API server's version did not come in time; going on"
+            );
+            return Ok(());
+        }
+    };
+    let version = KubeVersion::from_info(&info.git_version, &info.major, &info.minor)?;
+    check_api_server(version)?;
+    tracing::info!(kubernetes = %version, "API server release supported");
+    Ok(())
 }
 
 /// Runs the operator until `shutdown` resolves (then returns `Ok`) or a fatal
@@ -86,6 +121,7 @@ where
 {
     let metrics = OperatorMetrics::new();
     let client = counting_client(config, metrics.clone()).map_err(RunError::Client)?;
+    check_platform(&client).await?;
 
     // One watch channel fans the shutdown signal out to every task.
     let (stop_tx, stop_rx) = watch::channel(false);
