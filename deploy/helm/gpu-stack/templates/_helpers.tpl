@@ -63,3 +63,125 @@ being sent as "".
 {{- end -}}
 {{- toYaml $out -}}
 {{- end -}}
+
+{{/*
+A chart hook's ServiceAccount, ClusterRole and ClusterRoleBinding, made for
+the hook and deleted after it. Takes a dict: root (.), name, hook (the
+helm.sh/hook annotations), weight (of the Job; the account comes first) and
+rules (the ClusterRole's).
+*/}}
+{{- define "gpu-stack.hookAccount" -}}
+{{- $root := .root -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ .name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "gpu-stack.labels" $root | nindent 4 }}
+  annotations:
+    {{- toYaml .hook | nindent 4 }}
+    helm.sh/hook-weight: {{ sub .weight 10 | quote }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "gpu-stack.labels" $root | nindent 4 }}
+  annotations:
+    {{- toYaml .hook | nindent 4 }}
+    helm.sh/hook-weight: {{ sub .weight 10 | quote }}
+rules:
+  {{- toYaml .rules | nindent 2 }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "gpu-stack.labels" $root | nindent 4 }}
+  annotations:
+    {{- toYaml .hook | nindent 4 }}
+    helm.sh/hook-weight: {{ sub .weight 9 | quote }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{ .name }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ .name }}
+    namespace: {{ $root.Release.Namespace }}
+{{- end -}}
+
+{{/*
+A chart hook's Job: `gpu-operator` with the given args, in the operator's
+image, under the hook's ServiceAccount. Takes a dict: root (.), name, hook,
+weight, component (the pod's component label and container name) and args.
+*/}}
+{{- define "gpu-stack.hookJob" -}}
+{{- $root := .root -}}
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {{ .name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "gpu-stack.labels" $root | nindent 4 }}
+  annotations:
+    {{- toYaml .hook | nindent 4 }}
+    helm.sh/hook-weight: {{ .weight | quote }}
+spec:
+  backoffLimit: 2
+  activeDeadlineSeconds: 600
+  template:
+    metadata:
+      labels:
+        app.kubernetes.io/name: {{ $root.Chart.Name }}
+        app.kubernetes.io/instance: {{ $root.Release.Name }}
+        app.kubernetes.io/component: {{ .component }}
+    spec:
+      serviceAccountName: {{ .name }}
+      restartPolicy: Never
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65532
+        runAsGroup: 65532
+        seccompProfile:
+          type: RuntimeDefault
+      {{- with $root.Values.operator.imagePullSecrets }}
+      imagePullSecrets:
+        {{- range . }}
+        - name: {{ . }}
+        {{- end }}
+      {{- end }}
+      containers:
+        - name: {{ .component }}
+          image: {{ include "gpu-stack.operatorImage" $root }}
+          imagePullPolicy: {{ $root.Values.operator.imagePullPolicy }}
+          args:
+            {{- toYaml .args | nindent 12 }}
+            - --log-format={{ $root.Values.operator.logFormat }}
+          env:
+            - name: RUST_LOG
+              value: {{ $root.Values.operator.logLevel | quote }}
+          resources:
+            {{- toYaml $root.Values.operator.resources | nindent 12 }}
+          securityContext:
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities:
+              drop: ["ALL"]
+      {{- with $root.Values.operator.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $root.Values.operator.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $root.Values.operator.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end -}}
