@@ -12,6 +12,7 @@ use gpu_stack_k8s::controller::operator_pass::OperatorPass;
 use gpu_stack_k8s::controller::runner::{RunOptions, run};
 use gpu_stack_k8s::controller::uninstall::{UninstallOptions, uninstall};
 use gpu_stack_k8s::leader::LeaderConfig;
+use gpu_stack_k8s::operator::crds;
 
 use crate::agent::{
     LogFormat, init_logging, kube_config, run_main_single_threaded, shutdown_signal,
@@ -71,6 +72,19 @@ pub struct Args {
     /// its finalizer are removed here.
     #[arg(long, default_value_t = 30, requires = "uninstall")]
     uninstall_operator_grace_seconds: u64,
+    /// Instead of operating: apply the stack's CRDs from this binary's types
+    /// (server-side, taking over fields others wrote) and wait until they
+    /// are served (the chart's pre-install and pre-upgrade hook,
+    /// `operator.upgradeCRD`).
+    #[arg(long, conflicts_with_all = ["uninstall", "delete_crds"])]
+    apply_crds: bool,
+    /// Instead of operating: delete the stack's CRDs, and with them every
+    /// object of them (the chart's post-delete hook, `operator.cleanupCRD`).
+    #[arg(long, conflicts_with = "uninstall")]
+    delete_crds: bool,
+    /// With --apply-crds or --delete-crds: how long it may take.
+    #[arg(long, default_value_t = 120)]
+    crd_timeout_seconds: u64,
 }
 
 /// The process: logging, then [`operate`] on one thread (the operator
@@ -80,16 +94,38 @@ pub fn main(args: Args) -> ExitCode {
     run_main_single_threaded(operate(args))
 }
 
-/// Operates until SIGTERM, or with `--uninstall` removes the stack.
+/// A chart hook's request bounds: short, so a request lost with a dropped
+/// connection fails (and is retried) instead of holding the hook for minutes.
+fn hook_config(mut config: kube::Config) -> kube::Config {
+    config.read_timeout = Some(Duration::from_secs(15));
+    config.connect_timeout = Some(Duration::from_secs(10));
+    config
+}
+
+/// Operates until SIGTERM; or, as a chart hook, removes the stack
+/// (`--uninstall`) or applies or deletes its CRDs.
 pub async fn operate(args: Args) -> Result<()> {
     let config = kube_config(args.kubeconfig.as_deref()).await?;
+    if args.apply_crds || args.delete_crds {
+        let client =
+            kube::Client::try_from(hook_config(config)).context("building the API client")?;
+        let timeout = Duration::from_secs(args.crd_timeout_seconds);
+        if args.apply_crds {
+            let names = crds::apply(&client, timeout)
+                .await
+                .context("gpu-operator --apply-crds")?;
+            tracing::info!(crds = ?names, "CRDs applied and served");
+        } else {
+            let names = crds::delete(&client, timeout)
+                .await
+                .context("gpu-operator --delete-crds")?;
+            tracing::info!(crds = ?names, "CRDs deleted");
+        }
+        return Ok(());
+    }
     if args.uninstall {
-        // Short request bounds: a request lost with a dropped connection is
-        // retried instead of holding a step for minutes.
-        let mut config = config;
-        config.read_timeout = Some(Duration::from_secs(15));
-        config.connect_timeout = Some(Duration::from_secs(10));
-        let client = kube::Client::try_from(config).context("building the API client")?;
+        let client =
+            kube::Client::try_from(hook_config(config)).context("building the API client")?;
         let options = UninstallOptions {
             namespace: args.namespace,
             node_discovery: args.node_discovery_daemonset,

@@ -1,5 +1,6 @@
 //! The operator: the ClusterPolicy CRD ([`clusterpolicy`]), the NVIDIADriver
-//! CRD ([`nvidiadriver`]), the pure desired-state function ([`desired`]), the
+//! CRD ([`nvidiadriver`]), the chart hooks' CRD upgrade and removal
+//! ([`crds`]), the pure desired-state function ([`desired`]), the
 //! [`cluster`] seam, the reconcile loop (this module), and what runs it on a
 //! real cluster ([`controller`], [`leader`], [`metrics`]).
 //!
@@ -14,6 +15,7 @@
 pub mod cluster;
 pub mod clusterpolicy;
 pub mod controller;
+pub mod crds;
 pub mod desired;
 pub mod leader;
 pub mod metrics;
