@@ -80,6 +80,15 @@ for kind in $kinds; do
   fi
 done
 grep -q '^  replicas: 2$' "$out/default.yaml" || { echo "deploy/helm/check.sh: operator is not 2 replicas" >&2; exit 1; }
+# CRDs: applied before install and every upgrade by default (NVIDIA's
+# upgradeCRD); deleted after uninstall only with cleanupCRD.
+grep -q -- '- --apply-crds$' "$out/default.yaml" && grep -q 'helm.sh/hook: pre-install,pre-upgrade' "$out/default.yaml" \
+  || { echo "deploy/helm/check.sh: the default rendering has no CRD upgrade hook" >&2; exit 1; }
+! grep -q -- '--delete-crds' "$out/default.yaml" \
+  || { echo "deploy/helm/check.sh: CRDs are deleted at uninstall by default" >&2; exit 1; }
+"$helm" template gpu-stack "$chart" "${repo[@]}" --set operator.cleanupCRD=true --set operator.upgradeCRD=false >"$out/crds.yaml"
+grep -q -- '- --delete-crds$' "$out/crds.yaml" && grep -q 'helm.sh/hook: post-delete' "$out/crds.yaml" && ! grep -q -- '--apply-crds' "$out/crds.yaml" \
+  || { echo "deploy/helm/check.sh: operator.cleanupCRD/upgradeCRD are not honoured" >&2; exit 1; }
 
 # Knobs: no default ClusterPolicy, a component disabled, an image override.
 nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" \
