@@ -15,6 +15,7 @@ use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::{TestCluster, wait_for};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
@@ -645,6 +646,21 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     );
     let boots_before = containerd_boots(dir)?;
 
+    // 0. NVIDIA's chart left its ClusterPolicy CRD behind: a schema without
+    // gpu-stack's fields (here `status.unsupportedFields`), which Helm's
+    // `crds/` would not replace.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.patch(
+        CLUSTER_POLICY_CRD,
+        &PatchParams::apply("nvidia-chart").force(),
+        &Patch::Apply(&foreign_cluster_policy_crd()?),
+    )
+    .await?;
+    ensure!(
+        !crd_has_unsupported_fields(&crds.get(CLUSTER_POLICY_CRD).await?)?,
+        "the foreign CRD was not applied"
+    );
+
     // 1. helm install: the operator runs as the chart's Deployment.
     let values = repo_root().join("tests/real-node/values.yaml");
     let chart = repo_root().join("deploy/helm/gpu-stack");
@@ -665,6 +681,17 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
             "5m",
         ],
     )?;
+    // The chart's pre-install hook served gpu-stack's schema again, as its
+    // own field manager.
+    let crd = crds.get(CLUSTER_POLICY_CRD).await?;
+    ensure!(
+        crd_has_unsupported_fields(&crd)?
+            && crd
+                .managed_fields()
+                .iter()
+                .any(|m| m.manager.as_deref() == Some("gpu-stack-crds")),
+        "the upgradeCRD hook did not apply gpu-stack's ClusterPolicy CRD over the one left behind"
+    );
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let operator = pods
         .list(&ListParams::default().labels("app.kubernetes.io/component=operator"))
@@ -1165,6 +1192,33 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         "removing the toolkit restarted containerd more than once"
     );
     Ok(())
+}
+
+const CLUSTER_POLICY_CRD: &str = "clusterpolicies.nvidia.com";
+
+/// Where a ClusterPolicy CRD's schema keeps `status.unsupportedFields`.
+const UNSUPPORTED_FIELDS_SCHEMA: &str =
+    "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/unsupportedFields";
+
+/// gpu-stack's ClusterPolicy CRD without `status.unsupportedFields`, as a
+/// CRD of NVIDIA's chart has none.
+fn foreign_cluster_policy_crd() -> Result<serde_json::Value> {
+    use kube::CustomResourceExt;
+    let mut crd = serde_json::to_value(gpu_stack_k8s::clusterpolicy::ClusterPolicy::crd())?;
+    let (parent, field) = UNSUPPORTED_FIELDS_SCHEMA
+        .rsplit_once('/')
+        .context("a JSON pointer")?;
+    crd.pointer_mut(parent)
+        .and_then(serde_json::Value::as_object_mut)
+        .and_then(|props| props.remove(field))
+        .context("gpu-stack's CRD has no status.unsupportedFields")?;
+    Ok(crd)
+}
+
+fn crd_has_unsupported_fields(crd: &CustomResourceDefinition) -> Result<bool> {
+    Ok(serde_json::to_value(crd)?
+        .pointer(UNSUPPORTED_FIELDS_SCHEMA)
+        .is_some())
 }
 
 /// A pod's log, read as it is written until the pod is gone.
