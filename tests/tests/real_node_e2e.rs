@@ -883,7 +883,12 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         &[("nvidia.com/gpu", "1")],
         "ls /dev | grep nvidia | sed 's/^/DEV=/'; echo DONE; sleep 3600",
     )?;
+    let created = Instant::now();
     let log = run_workload(client, one, "DONE").await?;
+    eprintln!(
+        "figure: default values: a GPU pod without RuntimeClass created -> running with its device in {:.1}s",
+        created.elapsed().as_secs_f64()
+    );
     let devs: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix("DEV=")).collect();
     let gpu_nodes: Vec<&&str> = devs
         .iter()
