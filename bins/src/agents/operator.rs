@@ -64,6 +64,10 @@ pub struct Args {
     /// With --uninstall: the chart's node-discovery DaemonSet, in --namespace.
     #[arg(long, requires = "uninstall")]
     node_discovery_daemonset: Option<String>,
+    /// With --uninstall: the operator's Deployment, in --namespace, scaled
+    /// to zero before the last sweep of its node labels.
+    #[arg(long, requires = "uninstall")]
+    operator_deployment: Option<String>,
     /// With --uninstall: how long each step may take.
     #[arg(long, default_value_t = 120, requires = "uninstall")]
     uninstall_timeout_seconds: u64,
@@ -129,6 +133,7 @@ pub async fn operate(args: Args) -> Result<()> {
         let options = UninstallOptions {
             namespace: args.namespace,
             node_discovery: args.node_discovery_daemonset,
+            operator_deployment: args.operator_deployment,
             timeout: Duration::from_secs(args.uninstall_timeout_seconds),
             operator_grace: Duration::from_secs(args.uninstall_operator_grace_seconds),
         };

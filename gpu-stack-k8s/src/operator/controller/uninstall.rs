@@ -3,15 +3,18 @@
 //! deleted while the operator still runs, so its finalizer removes the node
 //! labels it added and garbage collection the operands; once the operand
 //! pods are gone, the node-discovery agent is stopped and the labels it and
-//! GFD wrote are removed. The MIG layout and its `nvidia.com/mig.config`
-//! labels stay: the GPUs keep their layout.
+//! GFD wrote are removed. The operator is stopped (its Deployment scaled to
+//! zero) before the last sweep of its labels: an operator that was slow
+//! rather than gone could otherwise finish a pass begun before the deletion
+//! and label the nodes again after its cleanup. The MIG layout and its
+//! `nvidia.com/mig.config` labels stay: the GPUs keep their layout.
 //! Deleting the chart's objects first would kill the operator with the
 //! finalizer still pending, leaving every policy stuck in deletion.
 use std::time::Duration;
 
 use gpu_stack_core::nodediscovery::{OWNED_ANNOTATION, plan_node_patch};
 use gpu_stack_core::operator::labels::Labels;
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -61,6 +64,9 @@ pub struct UninstallOptions {
     pub namespace: String,
     /// Name of the chart's node-discovery DaemonSet, if it is installed.
     pub node_discovery: Option<String>,
+    /// Name of the operator's Deployment (in `namespace`), stopped before
+    /// the last sweep of its labels.
+    pub operator_deployment: Option<String>,
     /// Bound of each wait.
     pub timeout: Duration,
     /// How long the operator gets to clean up after the policies before this
@@ -177,6 +183,10 @@ pub async fn uninstall(
         },
     )
     .await?;
+    if let Some(deployment) = &options.operator_deployment {
+        stop_operator(&client, &options.namespace, deployment, options.timeout).await?;
+        remove_operator_labels(&client).await?;
+    }
 
     let Some(daemonset) = &options.node_discovery else {
         return remove_node_labels(&client).await;
@@ -229,13 +239,66 @@ pub async fn uninstall(
     remove_node_labels(&client).await
 }
 
-/// What the operator's finalizer does, done here: the labels the operator
-/// added are removed from every node, then its finalizer from every policy.
-async fn cleanup_in_place_of_operator(
+/// Scales the operator's Deployment to zero and waits until its pods are
+/// gone (a Deployment already gone is stopped).
+async fn stop_operator(
     client: &Client,
-    policies: &Api<ClusterPolicy>,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
 ) -> Result<(), UninstallError> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let scaled = deployments
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "replicas": 0 } })),
+        )
+        .await;
+    let deployment = match scaled {
+        Ok(d) => d,
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => {
+            return Err(api(format!(
+                "scaling the operator's Deployment {namespace}/{name} to zero"
+            ))(e));
+        }
+    };
+    info!(deployment = %name, "stopping the operator");
+    let selector = deployment
+        .spec
+        .selector
+        .match_labels
+        .unwrap_or_default()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    if selector.is_empty() {
+        return Ok(());
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    wait_until(
+        "stopping the operator",
+        "the operator's pods did not terminate: check their node",
+        timeout,
+        || async {
+            Ok(pods
+                .list_metadata(&ListParams::default().labels(&selector))
+                .await
+                .map_err(api("listing the operator's pods"))?
+                .items
+                .is_empty())
+        },
+    )
+    .await
+}
+
+/// Removes the labels the operator added ([`cleanup_patch`]) from every
+/// node; returns how many went.
+async fn remove_operator_labels(client: &Client) -> Result<usize, UninstallError> {
     let nodes: Api<Node> = Api::all(client.clone());
+    let mut removed = 0;
     for node in nodes
         .list_metadata(&ListParams::default())
         .await
@@ -246,6 +309,7 @@ async fn cleanup_in_place_of_operator(
         if patch.is_empty() {
             continue;
         }
+        removed += patch.len();
         let name = node.name_any();
         nodes
             .patch_metadata(
@@ -258,6 +322,16 @@ async fn cleanup_in_place_of_operator(
                 "removing the operator's labels from node {name}"
             )))?;
     }
+    Ok(removed)
+}
+
+/// What the operator's finalizer does, done here: the labels the operator
+/// added are removed from every node, then its finalizer from every policy.
+async fn cleanup_in_place_of_operator(
+    client: &Client,
+    policies: &Api<ClusterPolicy>,
+) -> Result<(), UninstallError> {
+    remove_operator_labels(client).await?;
     for policy in policies
         .list_metadata(&ListParams::default())
         .await
