@@ -1,7 +1,7 @@
 //! The chart's CRD hooks as processes against the test cluster's API server:
 //! `gpu-operator --apply-crds` serves gpu-stack's schema over a ClusterPolicy
-//! CRD another chart left (NVIDIA's has no `status.unsupportedFields`), taking
-//! the fields over from that chart's field manager; `gpu-operator
+//! CRD another chart left (NVIDIA's has no `status.unsupportedFields`), as
+//! Helm 3 wrote it; `gpu-operator
 //! --delete-crds` removes every CRD of the stack and the objects of them. The
 //! CRDs are applied again at the end, so later tests find them. The one test
 //! of this binary is alone with the CRDs while it runs (test binaries run one
@@ -13,9 +13,7 @@ use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::{TestCluster, wait_for};
 use gpu_stack_k8s::operator::crds::{FIELD_MANAGER, crds};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
 
 const CLUSTER_POLICY_CRD: &str = "clusterpolicies.nvidia.com";
@@ -47,13 +45,34 @@ fn has_unsupported_fields(crd: &CustomResourceDefinition) -> bool {
         .is_some()
 }
 
+/// Writes `crd` as Helm 3 does (a create, or here a replace: an update by
+/// the field manager `helm`), whatever is there.
+async fn put_as_helm_3(api: &Api<CustomResourceDefinition>, crd: serde_json::Value) {
+    let mut crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
+    let params = PostParams {
+        field_manager: Some("helm".into()),
+        ..PostParams::default()
+    };
+    match api.get_opt(CLUSTER_POLICY_CRD).await.unwrap() {
+        Some(current) => {
+            crd.metadata.resource_version = current.metadata.resource_version;
+            api.replace(CLUSTER_POLICY_CRD, &params, &crd)
+                .await
+                .unwrap();
+        }
+        None => {
+            api.create(&params, &crd).await.unwrap();
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_crd_hooks_take_over_a_foreign_schema_and_remove_the_stacks_crds() {
     let cluster = TestCluster::attach().await.unwrap();
     let api: Api<CustomResourceDefinition> = Api::all(cluster.client());
 
-    // Another chart's ClusterPolicy CRD: gpu-stack's without
-    // status.unsupportedFields, written by that chart's field manager.
+    // Another chart's ClusterPolicy CRD, as Helm 3 leaves it (created, not
+    // applied, by `helm`): gpu-stack's without status.unsupportedFields.
     let mut foreign =
         serde_json::to_value(gpu_stack_k8s::clusterpolicy::ClusterPolicy::crd()).unwrap();
     let (parent, field) = UNSUPPORTED_FIELDS.rsplit_once('/').unwrap();
@@ -62,28 +81,21 @@ async fn the_crd_hooks_take_over_a_foreign_schema_and_remove_the_stacks_crds() {
         .and_then(serde_json::Value::as_object_mut)
         .and_then(|p| p.remove(field))
         .expect("gpu-stack's schema has status.unsupportedFields");
-    api.patch(
-        CLUSTER_POLICY_CRD,
-        &PatchParams::apply("nvidia-chart").force(),
-        &Patch::Apply(&foreign),
-    )
-    .await
-    .unwrap();
+    put_as_helm_3(&api, foreign).await;
     assert!(!has_unsupported_fields(
         &api.get(CLUSTER_POLICY_CRD).await.unwrap()
     ));
 
-    // The upgrade hook: gpu-stack's schema, owned by the hook's manager,
-    // and every CRD of the stack served.
+    // The upgrade hook: gpu-stack's schema, applied as Helm's manager (the
+    // conflict with the fields Helm 3 wrote taken over), and every CRD of
+    // the stack served.
     let out = hook(&cluster, "--apply-crds");
     assert!(out.status.success(), "{}", said(&out));
     let crd = api.get(CLUSTER_POLICY_CRD).await.unwrap();
     assert!(has_unsupported_fields(&crd), "the foreign schema stayed");
-    assert!(
-        crd.managed_fields()
-            .iter()
-            .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER))
-    );
+    assert!(crd.managed_fields().iter().any(|m| {
+        m.manager.as_deref() == Some(FIELD_MANAGER) && m.operation.as_deref() == Some("Apply")
+    }));
     for wanted in crds() {
         let served = api.get(&wanted.name_any()).await.unwrap();
         assert!(

@@ -646,16 +646,29 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     );
     let boots_before = containerd_boots(dir)?;
 
-    // 0. NVIDIA's chart left its ClusterPolicy CRD behind: a schema without
-    // gpu-stack's fields (here `status.unsupportedFields`), which Helm's
-    // `crds/` would not replace.
+    // 0. NVIDIA's chart, installed with Helm 3, left its ClusterPolicy CRD
+    // behind: a schema without gpu-stack's fields (here
+    // `status.unsupportedFields`), which Helm 3 skips and Helm 4's
+    // server-side apply of `crds/` stops at (a conflict with the fields Helm
+    // 3 wrote): the install skips `crds/`, and the chart's upgradeCRD hook
+    // applies gpu-stack's.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(
-        CLUSTER_POLICY_CRD,
-        &PatchParams::apply("nvidia-chart").force(),
-        &Patch::Apply(&foreign_cluster_policy_crd()?),
-    )
-    .await?;
+    let mut foreign: CustomResourceDefinition =
+        serde_json::from_value(foreign_cluster_policy_crd()?)?;
+    let as_helm_3 = PostParams {
+        field_manager: Some("helm".into()),
+        ..PostParams::default()
+    };
+    match crds.get_opt(CLUSTER_POLICY_CRD).await? {
+        Some(current) => {
+            foreign.metadata.resource_version = current.metadata.resource_version;
+            crds.replace(CLUSTER_POLICY_CRD, &as_helm_3, &foreign)
+                .await?;
+        }
+        None => {
+            crds.create(&as_helm_3, &foreign).await?;
+        }
+    }
     ensure!(
         !crd_has_unsupported_fields(&crds.get(CLUSTER_POLICY_CRD).await?)?,
         "the foreign CRD was not applied"
@@ -674,6 +687,7 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
             "--namespace",
             NAMESPACE,
             "--create-namespace",
+            "--skip-crds",
             "--values",
             &values.display().to_string(),
             "--wait=watcher",
@@ -681,15 +695,14 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
             "5m",
         ],
     )?;
-    // The chart's pre-install hook served gpu-stack's schema again, as its
-    // own field manager.
+    // The chart's pre-install hook served gpu-stack's schema again, applied
+    // as Helm's field manager.
     let crd = crds.get(CLUSTER_POLICY_CRD).await?;
     ensure!(
         crd_has_unsupported_fields(&crd)?
-            && crd
-                .managed_fields()
-                .iter()
-                .any(|m| m.manager.as_deref() == Some("gpu-stack-crds")),
+            && crd.managed_fields().iter().any(|m| {
+                m.manager.as_deref() == Some("helm") && m.operation.as_deref() == Some("Apply")
+            }),
         "the upgradeCRD hook did not apply gpu-stack's ClusterPolicy CRD over the one left behind"
     );
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);

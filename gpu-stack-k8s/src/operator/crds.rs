@@ -7,7 +7,9 @@
 //! gpu-stack) left keeps its schema, and the API server prunes every field
 //! that schema lacks (`status.unsupportedFields`, `spec.nodeAgent`, ...).
 //! Server-side apply with force takes the fields over from whoever wrote
-//! them; nothing else of the CRD changes hands.
+//! them; nothing else of the CRD changes hands. It applies as Helm's field
+//! manager: Helm 4 applies `crds/` server-side as `helm` too, so a later
+//! install of the chart over these CRDs meets no conflict with the hook.
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -18,8 +20,8 @@ use crate::clusterpolicy::ClusterPolicy;
 use crate::operator::migconfig::MigConfig;
 use crate::operator::nvidiadriver::NvidiaDriver;
 
-/// The field manager of the hook's applies.
-pub const FIELD_MANAGER: &str = "gpu-stack-crds";
+/// The field manager of the hook's applies: Helm's own.
+pub const FIELD_MANAGER: &str = "helm";
 
 /// Pause between two reads of a wait.
 const POLL: Duration = Duration::from_millis(500);
