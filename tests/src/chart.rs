@@ -298,3 +298,53 @@ impl OperatorTestEnv {
         result
     }
 }
+
+/// The ClusterPolicy CRD's name.
+pub const CLUSTER_POLICY_CRD: &str = "clusterpolicies.nvidia.com";
+
+/// Where a ClusterPolicy CRD's schema keeps `status.unsupportedFields`.
+const UNSUPPORTED_FIELDS_SCHEMA: &str =
+    "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/unsupportedFields";
+
+/// Whether a ClusterPolicy CRD's schema has gpu-stack's
+/// `status.unsupportedFields` (NVIDIA's has not).
+pub fn has_unsupported_fields(crd: &CustomResourceDefinition) -> Result<bool> {
+    Ok(serde_json::to_value(crd)?
+        .pointer(UNSUPPORTED_FIELDS_SCHEMA)
+        .is_some())
+}
+
+/// Writes a ClusterPolicy CRD like one NVIDIA's chart left behind:
+/// gpu-stack's without `status.unsupportedFields`, written as Helm 3 writes
+/// CRDs (an update by the field manager `helm`, not an apply), over
+/// whatever is there.
+pub async fn leave_foreign_cluster_policy_crd(client: &Client) -> Result<()> {
+    let mut crd = serde_json::to_value(ClusterPolicy::crd())?;
+    let (parent, field) = UNSUPPORTED_FIELDS_SCHEMA
+        .rsplit_once('/')
+        .context("a JSON pointer")?;
+    crd.pointer_mut(parent)
+        .and_then(serde_json::Value::as_object_mut)
+        .and_then(|props| props.remove(field))
+        .context("gpu-stack's CRD has no status.unsupportedFields")?;
+    let mut crd: CustomResourceDefinition = serde_json::from_value(crd)?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let as_helm_3 = PostParams {
+        field_manager: Some("helm".into()),
+        ..PostParams::default()
+    };
+    match api.get_opt(CLUSTER_POLICY_CRD).await? {
+        Some(current) => {
+            crd.metadata.resource_version = current.metadata.resource_version;
+            api.replace(CLUSTER_POLICY_CRD, &as_helm_3, &crd).await?;
+        }
+        None => {
+            api.create(&as_helm_3, &crd).await?;
+        }
+    }
+    ensure!(
+        !has_unsupported_fields(&api.get(CLUSTER_POLICY_CRD).await?)?,
+        "the foreign ClusterPolicy CRD was not written"
+    );
+    Ok(())
+}

@@ -10,15 +10,14 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use gpu_stack_e2e::binaries::workspace_binary;
+use gpu_stack_e2e::chart::{
+    CLUSTER_POLICY_CRD, has_unsupported_fields, leave_foreign_cluster_policy_crd,
+};
 use gpu_stack_e2e::{TestCluster, wait_for};
 use gpu_stack_k8s::operator::crds::{FIELD_MANAGER, crds};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
-use kube::{CustomResourceExt, ResourceExt};
-
-const CLUSTER_POLICY_CRD: &str = "clusterpolicies.nvidia.com";
-const UNSUPPORTED_FIELDS: &str =
-    "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/unsupportedFields";
 
 fn hook(cluster: &TestCluster, mode: &str) -> Output {
     Command::new(workspace_binary("gpu-operator").unwrap())
@@ -38,53 +37,15 @@ fn said(out: &Output) -> String {
     )
 }
 
-fn has_unsupported_fields(crd: &CustomResourceDefinition) -> bool {
-    serde_json::to_value(crd)
-        .unwrap()
-        .pointer(UNSUPPORTED_FIELDS)
-        .is_some()
-}
-
-/// Writes `crd` as Helm 3 does (a create, or here a replace: an update by
-/// the field manager `helm`), whatever is there.
-async fn put_as_helm_3(api: &Api<CustomResourceDefinition>, crd: serde_json::Value) {
-    let mut crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
-    let params = PostParams {
-        field_manager: Some("helm".into()),
-        ..PostParams::default()
-    };
-    match api.get_opt(CLUSTER_POLICY_CRD).await.unwrap() {
-        Some(current) => {
-            crd.metadata.resource_version = current.metadata.resource_version;
-            api.replace(CLUSTER_POLICY_CRD, &params, &crd)
-                .await
-                .unwrap();
-        }
-        None => {
-            api.create(&params, &crd).await.unwrap();
-        }
-    }
-}
-
 #[tokio::test]
 async fn the_crd_hooks_take_over_a_foreign_schema_and_remove_the_stacks_crds() {
     let cluster = TestCluster::attach().await.unwrap();
     let api: Api<CustomResourceDefinition> = Api::all(cluster.client());
 
-    // Another chart's ClusterPolicy CRD, as Helm 3 leaves it (created, not
-    // applied, by `helm`): gpu-stack's without status.unsupportedFields.
-    let mut foreign =
-        serde_json::to_value(gpu_stack_k8s::clusterpolicy::ClusterPolicy::crd()).unwrap();
-    let (parent, field) = UNSUPPORTED_FIELDS.rsplit_once('/').unwrap();
-    foreign
-        .pointer_mut(parent)
-        .and_then(serde_json::Value::as_object_mut)
-        .and_then(|p| p.remove(field))
-        .expect("gpu-stack's schema has status.unsupportedFields");
-    put_as_helm_3(&api, foreign).await;
-    assert!(!has_unsupported_fields(
-        &api.get(CLUSTER_POLICY_CRD).await.unwrap()
-    ));
+    // Another chart's ClusterPolicy CRD, as Helm 3 leaves it.
+    leave_foreign_cluster_policy_crd(&cluster.client())
+        .await
+        .unwrap();
 
     // The upgrade hook: gpu-stack's schema, applied as Helm's manager (the
     // conflict with the fields Helm 3 wrote taken over), and every CRD of
@@ -92,7 +53,10 @@ async fn the_crd_hooks_take_over_a_foreign_schema_and_remove_the_stacks_crds() {
     let out = hook(&cluster, "--apply-crds");
     assert!(out.status.success(), "{}", said(&out));
     let crd = api.get(CLUSTER_POLICY_CRD).await.unwrap();
-    assert!(has_unsupported_fields(&crd), "the foreign schema stayed");
+    assert!(
+        has_unsupported_fields(&crd).unwrap(),
+        "the foreign schema stayed"
+    );
     assert!(crd.managed_fields().iter().any(|m| {
         m.manager.as_deref() == Some(FIELD_MANAGER) && m.operation.as_deref() == Some("Apply")
     }));

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use gpu_stack_e2e::binaries::workspace_binary;
+use gpu_stack_e2e::chart::{
+    CLUSTER_POLICY_CRD, has_unsupported_fields, leave_foreign_cluster_policy_crd,
+};
 use gpu_stack_e2e::{TestCluster, wait_for};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -652,27 +655,8 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     // server-side apply of `crds/` stops at (a conflict with the fields Helm
     // 3 wrote): the install skips `crds/`, and the chart's upgradeCRD hook
     // applies gpu-stack's.
+    leave_foreign_cluster_policy_crd(client).await?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut foreign: CustomResourceDefinition =
-        serde_json::from_value(foreign_cluster_policy_crd()?)?;
-    let as_helm_3 = PostParams {
-        field_manager: Some("helm".into()),
-        ..PostParams::default()
-    };
-    match crds.get_opt(CLUSTER_POLICY_CRD).await? {
-        Some(current) => {
-            foreign.metadata.resource_version = current.metadata.resource_version;
-            crds.replace(CLUSTER_POLICY_CRD, &as_helm_3, &foreign)
-                .await?;
-        }
-        None => {
-            crds.create(&as_helm_3, &foreign).await?;
-        }
-    }
-    ensure!(
-        !crd_has_unsupported_fields(&crds.get(CLUSTER_POLICY_CRD).await?)?,
-        "the foreign CRD was not applied"
-    );
 
     // 1. helm install: the operator runs as the chart's Deployment.
     let values = repo_root().join("tests/real-node/values.yaml");
@@ -699,7 +683,7 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
     // as Helm's field manager.
     let crd = crds.get(CLUSTER_POLICY_CRD).await?;
     ensure!(
-        crd_has_unsupported_fields(&crd)?
+        has_unsupported_fields(&crd)?
             && crd.managed_fields().iter().any(|m| {
                 m.manager.as_deref() == Some("helm") && m.operation.as_deref() == Some("Apply")
             }),
@@ -1210,33 +1194,6 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         "removing the toolkit restarted containerd more than once"
     );
     Ok(())
-}
-
-const CLUSTER_POLICY_CRD: &str = "clusterpolicies.nvidia.com";
-
-/// Where a ClusterPolicy CRD's schema keeps `status.unsupportedFields`.
-const UNSUPPORTED_FIELDS_SCHEMA: &str =
-    "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/unsupportedFields";
-
-/// gpu-stack's ClusterPolicy CRD without `status.unsupportedFields`, as a
-/// CRD of NVIDIA's chart has none.
-fn foreign_cluster_policy_crd() -> Result<serde_json::Value> {
-    use kube::CustomResourceExt;
-    let mut crd = serde_json::to_value(gpu_stack_k8s::clusterpolicy::ClusterPolicy::crd())?;
-    let (parent, field) = UNSUPPORTED_FIELDS_SCHEMA
-        .rsplit_once('/')
-        .context("a JSON pointer")?;
-    crd.pointer_mut(parent)
-        .and_then(serde_json::Value::as_object_mut)
-        .and_then(|props| props.remove(field))
-        .context("gpu-stack's CRD has no status.unsupportedFields")?;
-    Ok(crd)
-}
-
-fn crd_has_unsupported_fields(crd: &CustomResourceDefinition) -> Result<bool> {
-    Ok(serde_json::to_value(crd)?
-        .pointer(UNSUPPORTED_FIELDS_SCHEMA)
-        .is_some())
 }
 
 /// A pod's log, read as it is written until the pod is gone.
