@@ -956,6 +956,25 @@ async fn scenarios(cluster: &TestCluster, client: &Client, dir: &Path) -> Result
         },
     )
     .await?;
+    // The same metrics through NVIDIA's Service (what scrape configs and
+    // ServiceMonitors written for NVIDIA's stack select): its endpoints are
+    // the exporter's pods.
+    wait_for("the exporter's Service to serve its metrics", STEP, || {
+        let client = client.clone();
+        async move {
+            let req = http::Request::get(format!(
+                "/api/v1/namespaces/{NAMESPACE}/services/nvidia-dcgm-exporter:gpu-metrics/proxy/metrics"
+            ))
+            .body(Vec::new())
+            .map_err(|e| gpu_stack_e2e::E2eError::Check(e.to_string()))?;
+            let text = client.request_text(req).await.unwrap_or_default();
+            Ok(text
+                .lines()
+                .any(|l| l.starts_with("DCGM_FI_DEV_GPU_UTIL"))
+                .then_some(()))
+        }
+    })
+    .await?;
 
     // 7a. An Xid: allocatable drops, then recovers after the quiet period.
     let gpu_index = log
@@ -1663,6 +1682,14 @@ async fn leftovers(client: &Client) -> Result<Vec<String>> {
             "DaemonSet",
             &Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE),
             &all,
+        )
+        .await?,
+    );
+    left.extend(
+        names(
+            "Service",
+            &Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), NAMESPACE),
+            &made_by_operator,
         )
         .await?,
     );

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use gpu_stack_core::operator::labels::LabelPatch;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Service, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -249,6 +249,7 @@ impl Cluster for KubeCluster {
             Object::ConfigMap(o) => apply_one(self.api(ns), &name, o)
                 .await
                 .map(Object::ConfigMap),
+            Object::Service(o) => apply_one(self.api(ns), &name, o).await.map(Object::Service),
             Object::DaemonSet(o) => apply_one(self.api(ns), &name, o)
                 .await
                 .map(Object::DaemonSet),
@@ -294,6 +295,7 @@ impl Cluster for KubeCluster {
                 .delete(name, &dp)
                 .await
                 .map(|_| ()),
+            "Service" => self.api::<Service>(ns).delete(name, &dp).await.map(|_| ()),
             "DaemonSet" => self
                 .api::<DaemonSet>(ns)
                 .delete(name, &dp)

@@ -1,7 +1,7 @@
 //! The kinds of object the operator owns, as one enum over the k8s-openapi
 //! types, with a key and access to metadata.
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -38,6 +38,8 @@ pub enum Object {
     RuntimeClass(RuntimeClass),
     /// Configuration (mig-parted config, ...).
     ConfigMap(ConfigMap),
+    /// Services of operands (the exporter's metrics).
+    Service(Service),
     /// Operand DaemonSets.
     DaemonSet(DaemonSet),
 }
@@ -73,6 +75,7 @@ macro_rules! each {
             Object::RoleBinding($o) => $e,
             Object::RuntimeClass($o) => $e,
             Object::ConfigMap($o) => $e,
+            Object::Service($o) => $e,
             Object::DaemonSet($o) => $e,
         }
     };
@@ -90,6 +93,7 @@ impl Object {
             Object::RoleBinding(_) => "RoleBinding",
             Object::RuntimeClass(_) => "RuntimeClass",
             Object::ConfigMap(_) => "ConfigMap",
+            Object::Service(_) => "Service",
             Object::DaemonSet(_) => "DaemonSet",
         }
     }
@@ -112,7 +116,8 @@ impl Object {
             | Object::ClusterRole(_)
             | Object::Role(_)
             | Object::RuntimeClass(_)
-            | Object::ConfigMap(_) => 1,
+            | Object::ConfigMap(_)
+            | Object::Service(_) => 1,
             Object::ClusterRoleBinding(_) | Object::RoleBinding(_) => 2,
             Object::DaemonSet(_) => 3,
         }
@@ -201,6 +206,7 @@ mod tests {
         let config = [
             stage(Object::ConfigMap(ConfigMap::default())),
             stage(Object::RuntimeClass(RuntimeClass::default())),
+            stage(Object::Service(Service::default())),
         ];
         let daemonset = stage(Object::DaemonSet(DaemonSet::default()));
         let every = [
@@ -209,6 +215,7 @@ mod tests {
             Object::ClusterRole(ClusterRole::default()),
             Object::ClusterRoleBinding(ClusterRoleBinding::default()),
             Object::ConfigMap(ConfigMap::default()),
+            Object::Service(Service::default()),
             Object::DaemonSet(DaemonSet::default()),
         ];
         // Deleted in the reverse order: the DaemonSet first, the namespace last.

@@ -713,6 +713,18 @@ fn is_int_or_percent(s: &str) -> bool {
     !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
 }
 
+/// NVIDIA's `dcgmExporter.service`: how the exporter's Service is exposed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExporterService {
+    /// `type` (ClusterIP when unset, as NVIDIA's).
+    pub type_: Option<String>,
+    /// `internalTrafficPolicy`.
+    pub internal_traffic_policy: Option<String>,
+}
+
+/// The keys of `dcgmExporter.service` gpu-stack acts on.
+const EXPORTER_SERVICE_KEYS: [&str; 2] = ["type", "internalTrafficPolicy"];
+
 /// The variable of NVIDIA's `validator.plugin.env` that turns the plugin
 /// check's workload pod on or off.
 const WITH_WORKLOAD: &str = "WITH_WORKLOAD";
@@ -1050,6 +1062,25 @@ impl ClusterPolicySpec {
             .to_string()
     }
 
+    /// NVIDIA's `dcgmExporter.service` knobs gpu-stack acts on.
+    pub fn exporter_service(&self) -> ExporterService {
+        let service = self
+            .dcgm_exporter
+            .as_ref()
+            .and_then(|e| e.extra.get("service"));
+        let text = |key: &str| {
+            service
+                .and_then(|s| s.get(key))
+                .and_then(Value::as_str)
+                .filter(|v| !v.is_empty())
+                .map(String::from)
+        };
+        ExporterService {
+            type_: text("type"),
+            internal_traffic_policy: text("internalTrafficPolicy"),
+        }
+    }
+
     /// NVIDIA's `validator.plugin.env` entry `WITH_WORKLOAD`: whether the
     /// plugin check runs a workload pod. gpu-stack runs one unless it is
     /// `false`.
@@ -1229,6 +1260,19 @@ impl ClusterPolicySpec {
 
         if let Some(spec) = &self.node_agent {
             section("nodeAgent", &spec.extra);
+        }
+        // `dcgmExporter.service` is honoured when it holds only what the
+        // exporter's Service takes.
+        if let Some(service) = self
+            .dcgm_exporter
+            .as_ref()
+            .and_then(|e| e.extra.get("service"))
+            .and_then(Value::as_object)
+            && service
+                .keys()
+                .all(|k| EXPORTER_SERVICE_KEYS.contains(&k.as_str()))
+        {
+            out.retain(|f| f != "spec.dcgmExporter.service");
         }
         // `validator.plugin` is honoured when it only says WITH_WORKLOAD.
         if let Some(plugin) = self.validator.as_ref().and_then(|v| v.extra.get("plugin"))

@@ -161,6 +161,18 @@ fn the_plugin_checks_workload_switch_is_honoured_and_the_rest_reported() {
 }
 
 #[test]
+fn the_exporter_services_knobs_are_honoured_and_the_rest_reported() {
+    let spec = |service: serde_json::Value| -> ClusterPolicySpec {
+        serde_json::from_value(serde_json::json!({"dcgmExporter": {"service": service}})).unwrap()
+    };
+    let knobs = spec(serde_json::json!({"type": "NodePort", "internalTrafficPolicy": "Local"}));
+    assert!(knobs.unsupported_fields().is_empty());
+    assert_eq!(knobs.exporter_service().type_.as_deref(), Some("NodePort"));
+    let other = spec(serde_json::json!({"type": "ClusterIP", "loadBalancerIP": "10.0.0.9"}));
+    assert_eq!(other.unsupported_fields(), ["spec.dcgmExporter.service"]);
+}
+
+#[test]
 fn defaults_follow_nvidia() {
     let spec = ClusterPolicySpec::default();
     let en = spec.enablement();

@@ -14,7 +14,9 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, NodeSpec, ServiceAccount, Taint};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, Node, NodeSpec, Service, ServiceAccount, Taint,
+};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::runtime::reflector::{self, Store};
@@ -128,6 +130,7 @@ pub struct OwnedStores {
     roles: Store<Role>,
     role_bindings: Store<RoleBinding>,
     config_maps: Store<ConfigMap>,
+    services: Store<Service>,
     daemonsets: Store<DaemonSet>,
 }
 
@@ -166,6 +169,7 @@ impl OwnedStores {
             roles: watch(Api::namespaced(client.clone(), namespace), config(), &mut t),
             role_bindings: watch(Api::namespaced(client.clone(), namespace), config(), &mut t),
             config_maps: watch(Api::namespaced(client.clone(), namespace), config(), &mut t),
+            services: watch(Api::namespaced(client.clone(), namespace), config(), &mut t),
             daemonsets: watch(Api::namespaced(client.clone(), namespace), config(), &mut t),
         };
         (stores, futures::stream::select_all(t).boxed())
@@ -181,6 +185,7 @@ impl OwnedStores {
         synced("Role", &self.roles).await?;
         synced("RoleBinding", &self.role_bindings).await?;
         synced("ConfigMap", &self.config_maps).await?;
+        synced("Service", &self.services).await?;
         synced("DaemonSet", &self.daemonsets).await
     }
 
@@ -199,6 +204,7 @@ impl OwnedStores {
         copy(&self.roles, Object::Role, &mut out);
         copy(&self.role_bindings, Object::RoleBinding, &mut out);
         copy(&self.config_maps, Object::ConfigMap, &mut out);
+        copy(&self.services, Object::Service, &mut out);
         copy(&self.daemonsets, Object::DaemonSet, &mut out);
         out
     }

@@ -553,6 +553,12 @@ pub fn desired_state_with(
         }
     }
     objects.extend(render::node_agent_objects(&ctx, &hosted));
+    if enablement.enabled().contains(&Component::DcgmExporter) {
+        objects.push(render::exporter_service(
+            &ctx,
+            hosted.contains(&Component::DcgmExporter),
+        ));
+    }
 
     // Diff by hash.
     let current_by_key: BTreeMap<ObjectKey, &Object> =

@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::{
     Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
     ExecAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, Namespace, NodeAffinity,
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, ServiceAccount, Toleration,
-    Volume, VolumeMount,
+    PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, Service, ServiceAccount,
+    ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
@@ -265,6 +265,48 @@ pub fn rbac(ctx: &RenderContext, c: Component) -> Vec<Object> {
             }]),
         }),
     ]
+}
+
+/// NVIDIA's name, port name and port of the exporter's Service, which
+/// Prometheus scrape configs and ServiceMonitors written for NVIDIA's stack
+/// select.
+pub const EXPORTER_SERVICE: &str = "nvidia-dcgm-exporter";
+const EXPORTER_PORT_NAME: &str = "gpu-metrics";
+const EXPORTER_PORT: i32 = 9400;
+
+/// The exporter's metrics Service, as NVIDIA's operator makes it (ClusterIP,
+/// `prometheus.io/scrape`), selecting the exporter's pods, or the node
+/// agent's where it hosts the exporter. `dcgmExporter.service.type` and
+/// `.internalTrafficPolicy` are NVIDIA's knobs.
+pub fn exporter_service(ctx: &RenderContext, hosted_by_node_agent: bool) -> Object {
+    let mut metadata = ctx.meta(EXPORTER_SERVICE, true, Some(Component::DcgmExporter));
+    if let Some(labels) = metadata.labels.as_mut() {
+        labels.insert("app".into(), EXPORTER_SERVICE.into());
+    }
+    metadata.annotations = Some([("prometheus.io/scrape".to_string(), "true".to_string())].into());
+    let app = if hosted_by_node_agent {
+        node_agent::NODE_AGENT_NAME.to_string()
+    } else {
+        Component::DcgmExporter.daemonset_name().to_string()
+    };
+    let knobs = ctx.spec().exporter_service();
+    Object::Service(Service {
+        metadata,
+        spec: Some(ServiceSpec {
+            type_: Some(knobs.type_.unwrap_or_else(|| "ClusterIP".into())),
+            internal_traffic_policy: knobs.internal_traffic_policy,
+            selector: Some([("app".to_string(), app)].into()),
+            ports: Some(vec![ServicePort {
+                name: Some(EXPORTER_PORT_NAME.into()),
+                port: EXPORTER_PORT,
+                target_port: Some(IntOrString::Int(EXPORTER_PORT)),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
 }
 
 /// The default mig-parted config ConfigMap.

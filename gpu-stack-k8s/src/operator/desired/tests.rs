@@ -1250,3 +1250,60 @@ fn the_plugin_check_runs_a_workload_pod_where_pods_get_devices_through_cdi() {
         {"name": "DEVICE_LIST_STRATEGY", "value": "envvar,cdi-cri"}]}}));
     assert!(args.iter().any(|a| a == "--plugin-workload-image"));
 }
+
+/// The exporter's Service in the desired state of `spec`, if any.
+fn exporter_service(spec: serde_json::Value) -> Option<k8s_openapi::api::core::v1::Service> {
+    let policy = policy_with(spec);
+    let d = desired_state(&policy, &[mig_gpu_node("gpu-1")], &[], &Options::default());
+    d.objects.iter().find_map(|o| match o {
+        Object::Service(s) if s.metadata.name.as_deref() == Some(render::EXPORTER_SERVICE) => {
+            Some(s.clone())
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn the_exporter_gets_nvidias_metrics_service() {
+    let service = exporter_service(serde_json::json!({})).expect("a Service with the defaults");
+    let annotations = service.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("prometheus.io/scrape").map(String::as_str),
+        Some("true")
+    );
+    let labels = service.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get("app").map(String::as_str),
+        Some("nvidia-dcgm-exporter")
+    );
+    let spec = service.spec.unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    let port = &spec.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (port.name.as_deref(), port.port),
+        (Some("gpu-metrics"), 9400)
+    );
+    assert_eq!(
+        spec.selector.unwrap().get("app").map(String::as_str),
+        Some("nvidia-dcgm-exporter")
+    );
+    // NVIDIA's knobs.
+    let spec = exporter_service(serde_json::json!({"dcgmExporter": {"service": {
+        "type": "NodePort", "internalTrafficPolicy": "Local"}}}))
+    .unwrap()
+    .spec
+    .unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("NodePort"));
+    assert_eq!(spec.internal_traffic_policy.as_deref(), Some("Local"));
+    // Hosted by the node agent: its pods serve the metrics.
+    let spec = exporter_service(serde_json::json!({"nodeAgent": {"enabled": true}}))
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(
+        spec.selector.unwrap().get("app").map(String::as_str),
+        Some(render::NODE_AGENT_NAME)
+    );
+    // No exporter, no Service.
+    assert!(exporter_service(serde_json::json!({"dcgmExporter": {"enabled": false}})).is_none());
+}
