@@ -48,6 +48,13 @@ pub const GPU_CLIENTS: &[GpuClient] = &[
         deploy_label: "nvidia.com/gpu.deploy.nvsm",
         app: "",
     },
+    // Third-party GPU clients (NVIDIA's mig-parted pauses them too): their
+    // DaemonSets select `gpu.deploy.client=true`; their pods are not waited
+    // for by name.
+    GpuClient {
+        deploy_label: "nvidia.com/gpu.deploy.client",
+        app: "",
+    },
 ];
 
 /// A component that uses the GPUs and must leave the node during a MIG change.
@@ -301,6 +308,7 @@ mod tests {
         assert_eq!(
             edits.set.keys().map(String::as_str).collect::<Vec<_>>(),
             vec![
+                "nvidia.com/gpu.deploy.client",
                 "nvidia.com/gpu.deploy.dcgm",
                 "nvidia.com/gpu.deploy.device-plugin",
                 "nvidia.com/gpu.deploy.nvsm"

@@ -46,6 +46,14 @@ pub const NFD_GPU_LABELS: [&str; 3] = [
     "feature.node.kubernetes.io/pci-0300_10de.present",
 ];
 
+/// Deploy labels NVIDIA's operator also sets on container-workload GPU
+/// nodes, for pods it does not deploy itself: `dcgm` (a standalone DCGM)
+/// and `client` (third-party GPU clients, whose DaemonSets select
+/// `gpu.deploy.client=true`, so that a MIG change or a driver upgrade
+/// pausing the label moves them off the node and back).
+pub const CONTAINER_CLIENT_DEPLOY_LABELS: [&str; 2] =
+    ["nvidia.com/gpu.deploy.dcgm", "nvidia.com/gpu.deploy.client"];
+
 /// Value another agent writes to pause an operand during a MIG change.
 pub const PAUSED_FOR_MIG_CHANGE: &str = "paused-for-mig-change";
 /// Value the driver manager writes to pause an operand during a driver upgrade.
@@ -175,6 +183,7 @@ pub struct LabelPolicy {
 ///   `true` only when missing or empty: `false`, `paused-for-*`, `pre-installed`
 ///   and any other value written by someone else are kept;
 /// - `gpu.deploy.mig-manager` only on MIG-capable nodes (removed elsewhere);
+/// - [`CONTAINER_CLIENT_DEPLOY_LABELS`] (`dcgm`, `client`) filled the same way;
 /// - `nvidia.com/mig.config=all-disabled` on MIG-capable nodes that have none,
 ///   when the policy's default MIG config is `all-disabled`.
 ///
@@ -263,6 +272,11 @@ pub fn deploy_label_patch(labels: &Labels, policy: &LabelPolicy) -> LabelPatch {
                 }
             }
         }
+        for key in CONTAINER_CLIENT_DEPLOY_LABELS {
+            if labels.get(key).is_none_or(|v| v.is_empty()) {
+                want.insert(key.to_string(), Some("true".to_string()));
+            }
+        }
         if facts.mig_capable
             && !policy.dra_driver
             && !labels.contains_key(MIG_CONFIG)
@@ -280,9 +294,11 @@ pub fn deploy_label_patch(labels: &Labels, policy: &LabelPolicy) -> LabelPatch {
 /// Whether a label key is one of the per-component deploy labels the operator
 /// manages (not `gpu.deploy.operands`, which is user intent).
 pub fn is_operator_deploy_label(key: &str) -> bool {
-    key.strip_prefix(DEPLOY_PREFIX)
-        .and_then(Component::from_deploy_label_suffix)
-        .is_some()
+    CONTAINER_CLIENT_DEPLOY_LABELS.contains(&key)
+        || key
+            .strip_prefix(DEPLOY_PREFIX)
+            .and_then(Component::from_deploy_label_suffix)
+            .is_some()
 }
 
 /// Applies a patch to a label map.
@@ -345,7 +361,26 @@ mod tests {
         assert!(!p.contains_key("nvidia.com/gpu.deploy.mig-manager"));
         // Neither the MIG manager (not MIG-capable) nor the DRA plugin (off).
         assert!(!p.contains_key("nvidia.com/gpu.deploy.dra-driver"));
-        assert_eq!(p.len(), 1 + Component::ALL.len() - 2);
+        // NVIDIA's labels for a standalone DCGM and third-party GPU clients.
+        for key in CONTAINER_CLIENT_DEPLOY_LABELS {
+            assert_eq!(p.get(key), Some(&Some("true".into())), "{key}");
+        }
+        assert_eq!(p.len(), 1 + Component::ALL.len() - 2 + 2);
+        // Paused by the MIG manager or a driver upgrade: kept; and every one
+        // goes with `gpu.deploy.operands=false`.
+        let mut l = gpu_node();
+        l.insert(
+            "nvidia.com/gpu.deploy.client".into(),
+            PAUSED_FOR_MIG_CHANGE.into(),
+        );
+        let p = deploy_label_patch(&l, &LabelPolicy::default());
+        assert!(!p.contains_key("nvidia.com/gpu.deploy.client"));
+        l.insert("nvidia.com/gpu.deploy.dcgm".into(), "true".into());
+        l.insert(DEPLOY_OPERANDS.into(), "false".into());
+        let p = deploy_label_patch(&l, &LabelPolicy::default());
+        for key in CONTAINER_CLIENT_DEPLOY_LABELS {
+            assert_eq!(p.get(key), Some(&None), "{key}");
+        }
     }
 
     #[test]
