@@ -10,9 +10,9 @@ use std::process::ExitCode;
 
 use gpu_stack_core::fleet::Fleet;
 use gpu_stack_core::operator::components::{self, Component};
-use gpu_stack_k8s::cluster::fleet::nodes_from_fleet;
-use gpu_stack_k8s::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
-use gpu_stack_k8s::desired::{Options, desired_state};
+use gpu_stack_k8s::operator::cluster::fleet::nodes_from_fleet;
+use gpu_stack_k8s::operator::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
+use gpu_stack_k8s::operator::desired::{Options, desired_state};
 
 fn main() -> ExitCode {
     match run() {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use gpu_stack_k8s::kubelet_standin::{KubeletStandin, KubeletView};
+use gpu_stack_k8s::kubelet::deviceplugin::standin::{KubeletStandin, KubeletView};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

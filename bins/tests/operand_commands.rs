@@ -13,9 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpu_stack_core::operator::components::Component;
-use gpu_stack_k8s::cluster::Object;
-use gpu_stack_k8s::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
-use gpu_stack_k8s::desired::render::{self, GPU_STACK_BIN, RenderContext};
+use gpu_stack_k8s::operator::cluster::Object;
+use gpu_stack_k8s::operator::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
+use gpu_stack_k8s::operator::desired::render::{self, GPU_STACK_BIN, RenderContext};
 use k8s_openapi::api::core::v1::PodSpec;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

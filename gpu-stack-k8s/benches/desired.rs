@@ -6,9 +6,9 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use gpu_stack_core::operator::labels::apply_patch;
-use gpu_stack_k8s::cluster::Object;
-use gpu_stack_k8s::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
-use gpu_stack_k8s::desired::{Options, desired_state};
+use gpu_stack_k8s::operator::cluster::Object;
+use gpu_stack_k8s::operator::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
+use gpu_stack_k8s::operator::desired::{Options, desired_state};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

@@ -20,7 +20,7 @@ use gpu_stack_k8s::deviceplugin::health::{BackendProbe, spawn_backend_health};
 use gpu_stack_k8s::deviceplugin::node::read_node_gpus;
 use gpu_stack_k8s::deviceplugin::{DevicePlugins, PluginOptions};
 use gpu_stack_k8s::kubelet::deviceplugin::api;
-use gpu_stack_k8s::kubelet_standin::KubeletStandin;
+use gpu_stack_k8s::kubelet::deviceplugin::standin::KubeletStandin;
 use gpu_stack_nvml::{SimNodeSpec, SimulatedBackend};
 
 const CALLS: usize = 10_000;
@@ -134,7 +134,8 @@ async fn run() {
     for i in 0..SAMPLES {
         let g = &node.gpus[i % 6];
         let uuid = g.uuid.clone();
-        let healthy = |v: &gpu_stack_k8s::kubelet_standin::KubeletView, want: &str| {
+        let healthy = |v: &gpu_stack_k8s::kubelet::deviceplugin::standin::KubeletView,
+                       want: &str| {
             v.devices
                 .get("nvidia.com/gpu")
                 .is_some_and(|d| d.iter().any(|d| d.id == uuid && d.health == want))

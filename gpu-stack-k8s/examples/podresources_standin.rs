@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 
 use gpu_stack_core::backend::GpuBackend;
-use gpu_stack_k8s::podresources::StandinKubelet;
-use gpu_stack_k8s::podresources::api::{
+use gpu_stack_k8s::kubelet::podresources::StandinKubelet;
+use gpu_stack_k8s::kubelet::podresources::api::{
     ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
 };
 use gpu_stack_nvml::{SimNodeSpec, SimulatedBackend};

@@ -3,7 +3,7 @@
 //! Layout, one concern per folder:
 //!
 //! - [`operator`]: the ClusterPolicy CRD, the pure desired-state function, the
-//!   reconcile loop over the [`cluster::Cluster`] seam (in-memory and kube
+//!   reconcile loop over the [`operator::cluster::Cluster`] seam (in-memory and kube
 //!   implementations), and the controller, leader election and metrics that
 //!   run it on a real cluster.
 //! - [`kubelet`]: the kubelet's protocols: the device plugin API v1beta1
@@ -19,14 +19,9 @@
 //! - [`validator`] (validator/): the per-node validator's side effects and the plugin check's workload pod.
 //! - [`node_status`] (node_status.rs): the node status exporter.
 //!
-//! The modules that moved keep their old paths through re-exports:
-//! [`cluster`], [`clusterpolicy`], [`controller`], [`desired`], [`leader`],
-//! [`operator_metrics`] and [`podresources`] (and `kubelet_standin` with the
-//! `testing` feature).
-//!
 //! ```
 //! // The CRD users install is generated from the Rust types.
-//! let crd = gpu_stack_k8s::clusterpolicy::crd_yaml()?;
+//! let crd = gpu_stack_k8s::operator::clusterpolicy::crd_yaml()?;
 //! assert!(crd.contains("clusterpolicies.nvidia.com"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -42,12 +37,3 @@ pub mod nodediscovery;
 pub mod operator;
 pub mod toolkit;
 pub mod validator;
-
-// The operator's modules live under `operator/`; their old paths stay.
-pub use operator::metrics as operator_metrics;
-pub use operator::{cluster, clusterpolicy, controller, desired, leader, upgrade};
-
-// The kubelet's protocols live under `kubelet/`; their old paths stay.
-#[cfg(any(test, feature = "testing"))]
-pub use kubelet::deviceplugin::standin as kubelet_standin;
-pub use kubelet::podresources;

@@ -11,7 +11,7 @@ use gpu_stack_core::deviceplugin::{HealthPolicy, NodeGpus, Overrides, Settings, 
 use gpu_stack_k8s::deviceplugin::health::{BackendProbe, HealthPump, spawn_backend_health};
 use gpu_stack_k8s::deviceplugin::node::read_node_gpus;
 use gpu_stack_k8s::deviceplugin::{DevicePlugins, PluginOptions};
-use gpu_stack_k8s::kubelet_standin::{KubeletStandin, KubeletView};
+use gpu_stack_k8s::kubelet::deviceplugin::standin::{KubeletStandin, KubeletView};
 use gpu_stack_nvml::{SimNodeSpec, SimulatedBackend};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

@@ -12,8 +12,8 @@ use std::time::Duration;
 use gpu_stack_core::backend::GpuBackend;
 use gpu_stack_core::metrics::{RenderOptions, ResourceMatcher};
 use gpu_stack_k8s::exporter::{self, Exporter, ExporterConfig, PodResourcesConfig};
-use gpu_stack_k8s::podresources::StandinKubelet;
-use gpu_stack_k8s::podresources::standin::answer;
+use gpu_stack_k8s::kubelet::podresources::StandinKubelet;
+use gpu_stack_k8s::kubelet::podresources::standin::answer;
 use gpu_stack_nvml::{SimClock, SimNodeSpec, SimulatedBackend};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

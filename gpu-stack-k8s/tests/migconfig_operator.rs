@@ -7,8 +7,8 @@ use futures::executor::block_on;
 use gpu_stack_core::migmanager::labels::MIG_CONFIG_STATE_LABEL;
 use gpu_stack_core::migparted::MigPartedConfig;
 use gpu_stack_core::operator::labels::{LabelPatch, MIG_CONFIG};
-use gpu_stack_k8s::cluster::{Cluster, InMemoryCluster, Object};
 use gpu_stack_k8s::operator::Operator;
+use gpu_stack_k8s::operator::cluster::{Cluster, InMemoryCluster, Object};
 use gpu_stack_k8s::operator::migconfig::{MigConfig, MigConfigStatus};
 
 mod common;

@@ -4,10 +4,10 @@
 //! and the switch from the ClusterPolicy's own driver.
 use futures::executor::block_on;
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
-use gpu_stack_k8s::cluster::{InMemoryCluster, Object};
-use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
-use gpu_stack_k8s::desired::render::NVIDIA_DRIVER_LABEL;
 use gpu_stack_k8s::operator::Operator;
+use gpu_stack_k8s::operator::cluster::{InMemoryCluster, Object};
+use gpu_stack_k8s::operator::clusterpolicy::ClusterPolicy;
+use gpu_stack_k8s::operator::desired::render::NVIDIA_DRIVER_LABEL;
 use gpu_stack_k8s::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverState};
 
 mod common;

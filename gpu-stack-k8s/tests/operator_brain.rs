@@ -10,12 +10,12 @@ use std::path::PathBuf;
 use futures::executor::block_on;
 use gpu_stack_core::fleet::Fleet;
 use gpu_stack_core::operator::labels::apply_patch;
-use gpu_stack_k8s::cluster::fleet::nodes_from_fleet;
-use gpu_stack_k8s::cluster::selector::pod_fits_node;
-use gpu_stack_k8s::cluster::{Cluster, InMemoryCluster, Object};
-use gpu_stack_k8s::clusterpolicy::{ClusterPolicy, ClusterPolicySpec, state};
-use gpu_stack_k8s::desired::{Desired, Options, desired_state};
 use gpu_stack_k8s::operator::Operator;
+use gpu_stack_k8s::operator::cluster::fleet::nodes_from_fleet;
+use gpu_stack_k8s::operator::cluster::selector::pod_fits_node;
+use gpu_stack_k8s::operator::cluster::{Cluster, InMemoryCluster, Object};
+use gpu_stack_k8s::operator::clusterpolicy::{ClusterPolicy, ClusterPolicySpec, state};
+use gpu_stack_k8s::operator::desired::{Desired, Options, desired_state};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use proptest::prelude::*;
@@ -419,7 +419,7 @@ fn invalid_spec_changes_nothing() {
 
 #[test]
 fn crd_is_up_to_date() {
-    let yaml = gpu_stack_k8s::clusterpolicy::crd_yaml().unwrap();
+    let yaml = gpu_stack_k8s::operator::clusterpolicy::crd_yaml().unwrap();
     assert!(yaml.contains("x-kubernetes-preserve-unknown-fields"));
     assert!(yaml.contains("subresources"));
     check_file(

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use gpu_stack_core::backend::{Fault, FaultSpec, GpuBackend};
 use gpu_stack_k8s::kubelet::deviceplugin::api;
-use gpu_stack_k8s::kubelet_standin::{KubeletStandin, KubeletView};
+use gpu_stack_k8s::kubelet::deviceplugin::standin::{KubeletStandin, KubeletView};
 use oracles::{Node, fleet, oracle, ours, unshare_works};
 
 const FAKE_HOST: &str = concat!(

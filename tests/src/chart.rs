@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
-use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
+use gpu_stack_k8s::operator::clusterpolicy::ClusterPolicy;
 use gpu_stack_k8s::operator::migconfig::MigConfig;
 use gpu_stack_k8s::operator::nvidiadriver::NvidiaDriver;
 use k8s_openapi::api::authentication::v1::TokenRequest;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
+use gpu_stack_k8s::operator::clusterpolicy::ClusterPolicy;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};

@@ -39,7 +39,7 @@ use gpu_stack_e2e::upgrade::{
     policy_spec, running_pods, state_counts, state_of, unschedulable,
 };
 use gpu_stack_e2e::{GpuFleet, KWOK_ANNOTATION, TestCluster, wait_for};
-use gpu_stack_k8s::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
+use gpu_stack_k8s::operator::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};

@@ -23,10 +23,10 @@ use gpu_stack_e2e::upgrade::force_delete_policy;
 use gpu_stack_e2e::{
     E2eError, GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, unique_suffix, wait_for,
 };
-use gpu_stack_k8s::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
-use gpu_stack_k8s::cluster::selector::pod_selects_node;
-use gpu_stack_k8s::clusterpolicy::ClusterPolicy;
-use gpu_stack_k8s::desired::render::NODE_AGENT_NAME;
+use gpu_stack_k8s::operator::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
+use gpu_stack_k8s::operator::cluster::selector::pod_selects_node;
+use gpu_stack_k8s::operator::clusterpolicy::ClusterPolicy;
+use gpu_stack_k8s::operator::desired::render::NODE_AGENT_NAME;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
@@ -899,11 +899,11 @@ fn operand_daemonsets(spec: &serde_json::Value, fleet: &GpuFleet) -> Result<Vec<
         "spec": spec,
     }))?;
     let mut nodes = fleet.nodes()?;
-    let want = gpu_stack_k8s::desired::desired_state(
+    let want = gpu_stack_k8s::operator::desired::desired_state(
         &policy,
         &nodes,
         &[],
-        &gpu_stack_k8s::desired::Options::default(),
+        &gpu_stack_k8s::operator::desired::Options::default(),
     );
     for n in &mut nodes {
         if let Some(patch) = want.node_labels.get(&n.name_any()) {

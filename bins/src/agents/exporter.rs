@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::Parser;
 use gpu_stack_core::metrics::{CounterSet, RenderOptions, ResourceMatcher, parse_counters};
 use gpu_stack_k8s::exporter::{self, ExporterConfig, PodResourcesConfig};
-use gpu_stack_k8s::podresources::DEFAULT_SOCKET;
+use gpu_stack_k8s::kubelet::podresources::DEFAULT_SOCKET;
 
 use crate::agent::{Failure, LogFormat, exit_code, init_logging, run_main, shutdown_signal};
 use crate::backend_flags::BackendArgs;

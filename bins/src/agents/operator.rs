@@ -1,18 +1,18 @@
 //! `gpu-operator`: reconciles ClusterPolicy documents on a Kubernetes cluster.
 //!
 //! Flags, logging, signals; the process itself is
-//! `gpu_stack_k8s::controller::runner::run`.
+//! `gpu_stack_k8s::operator::controller::runner::run`.
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use gpu_stack_k8s::controller::operator_pass::OperatorPass;
-use gpu_stack_k8s::controller::runner::{RunOptions, run};
-use gpu_stack_k8s::controller::uninstall::{UninstallOptions, uninstall};
-use gpu_stack_k8s::leader::LeaderConfig;
+use gpu_stack_k8s::operator::controller::operator_pass::OperatorPass;
+use gpu_stack_k8s::operator::controller::runner::{RunOptions, run};
+use gpu_stack_k8s::operator::controller::uninstall::{UninstallOptions, uninstall};
 use gpu_stack_k8s::operator::crds;
+use gpu_stack_k8s::operator::leader::LeaderConfig;
 
 use crate::agent::{
     LogFormat, init_logging, kube_config, run_main_single_threaded, shutdown_signal,
@@ -51,7 +51,7 @@ pub struct Args {
     debounce_ms: u64,
     /// A node waiting in one driver upgrade state longer than this gets a
     /// Warning Event and a `DriverUpgradeStuck` condition on the policy.
-    #[arg(long, default_value_t = gpu_stack_k8s::upgrade::DEFAULT_STUCK_AFTER_SECONDS)]
+    #[arg(long, default_value_t = gpu_stack_k8s::operator::upgrade::DEFAULT_STUCK_AFTER_SECONDS)]
     upgrade_stuck_after_seconds: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

@@ -27,7 +27,7 @@ pub struct Args {
 }
 
 fn clusterpolicy() -> Result<String> {
-    gpu_stack_k8s::clusterpolicy::crd_yaml()
+    gpu_stack_k8s::operator::clusterpolicy::crd_yaml()
         .context("could not render the ClusterPolicy CRD as YAML")
 }
 

@@ -37,15 +37,15 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
 
 use super::DemoError;
-use crate::cluster::selector::pod_fits_node;
-use crate::cluster::{ClusterError, InMemoryCluster, Object};
-use crate::clusterpolicy::ClusterPolicy;
-use crate::desired::render::NODE_AGENT_NAME;
 use crate::deviceplugin::labels::label_changes;
 use crate::deviceplugin::node::read_node_gpus;
 use crate::migmanager::{
     ManagerError, ManagerOptions, NodeApi, NodePatch, NodeView, PassResult, reconcile,
 };
+use crate::operator::cluster::selector::pod_fits_node;
+use crate::operator::cluster::{ClusterError, InMemoryCluster, Object};
+use crate::operator::clusterpolicy::ClusterPolicy;
+use crate::operator::desired::render::NODE_AGENT_NAME;
 
 /// Simulated time of every demo node, in milliseconds since its start.
 pub const SIM_TIME_MS: u64 = 60_000;
@@ -441,7 +441,8 @@ pub async fn run_node_agents(
         let desired = gfd::labels(&gpus, dp, &GfdContext::default());
         gfd_changes = label_changes(&node_labels(cluster, &node.name)?, &desired);
         if !gfd_changes.is_empty() {
-            crate::cluster::Cluster::patch_node_labels(cluster, &node.name, &gfd_changes).await?;
+            crate::operator::cluster::Cluster::patch_node_labels(cluster, &node.name, &gfd_changes)
+                .await?;
         }
     }
 
@@ -530,9 +531,9 @@ pub fn mig_succeeded(report: &NodeAgentsReport) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::fleet::nodes_from_fleet;
-    use crate::clusterpolicy::{ClusterPolicySpec, MigSpec};
     use crate::operator::Operator;
+    use crate::operator::cluster::fleet::nodes_from_fleet;
+    use crate::operator::clusterpolicy::{ClusterPolicySpec, MigSpec};
     use futures::executor::block_on;
 
     const MIXED: &str = include_str!("../../../examples/fleets/mixed.yaml");
@@ -640,7 +641,10 @@ mod tests {
             ("hgx-h100-0", "all-1g.10gb")
         );
         let patch = [(MIG_CONFIG_LABEL.to_string(), Some(config.clone()))].into();
-        block_on(crate::cluster::Cluster::patch_node_labels(c, &name, &patch)).unwrap();
+        block_on(crate::operator::cluster::Cluster::patch_node_labels(
+            c, &name, &patch,
+        ))
+        .unwrap();
         let n = nodes.iter().find(|n| n.name == name).unwrap();
         let r = block_on(run_node_agents(c, n, &settings)).unwrap();
 
@@ -692,7 +696,7 @@ mod tests {
             Some("false".to_string()),
         )]
         .into();
-        block_on(crate::cluster::Cluster::patch_node_labels(
+        block_on(crate::operator::cluster::Cluster::patch_node_labels(
             c,
             "l4-rhel-0",
             &patch,

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use gpu_stack_core::backend::BackendError;
 use gpu_stack_core::fleet::FleetError;
 
-use crate::cluster::ClusterError;
 use crate::migmanager::ManagerError;
 use crate::operator::OperatorError;
+use crate::operator::cluster::ClusterError;
 
 /// Failures of the demo.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,5 @@
 //! The embedded demo (`gpu-stack demo`): the operator against an
-//! [`InMemoryCluster`](crate::cluster::InMemoryCluster) built from a fleet,
+//! [`InMemoryCluster`](crate::operator::cluster::InMemoryCluster) built from a fleet,
 //! step by step, then the node agents (GPU feature discovery, device plugin,
 //! exporter, MIG manager) on each GPU node's simulated GPUs, a MIG change,
 //! and a few changes converging.

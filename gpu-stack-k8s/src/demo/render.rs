@@ -10,9 +10,9 @@ use super::DemoError;
 use super::agents::{NodeAgentsReport, mig_succeeded};
 use super::scenario::MigChange;
 use super::setup::POLICY;
-use crate::cluster::selector::pod_fits_node;
-use crate::cluster::{InMemoryCluster, Object};
 use crate::operator::PassReport;
+use crate::operator::cluster::selector::pod_fits_node;
+use crate::operator::cluster::{InMemoryCluster, Object};
 
 /// Writes a line to `$out`, returning [`DemoError::Output`] when it fails.
 macro_rules! say {

@@ -21,10 +21,10 @@ use super::setup::{
     DEFAULT_FLEET, IMPOSSIBLE_DRIVER, MIG_STRATEGY, POLICY, default_policy, demo_clock,
     joining_node,
 };
-use crate::cluster::fleet::{node_from_fleet, nodes_from_fleet};
-use crate::cluster::{Cluster, InMemoryCluster};
-use crate::clusterpolicy::{ComponentSpec, DriverSpec};
 use crate::operator::Operator;
+use crate::operator::cluster::fleet::{node_from_fleet, nodes_from_fleet};
+use crate::operator::cluster::{Cluster, InMemoryCluster};
+use crate::operator::clusterpolicy::{ComponentSpec, DriverSpec};
 
 /// Most operator passes one convergence may take.
 const MAX_PASSES: usize = 10;

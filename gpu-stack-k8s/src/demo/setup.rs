@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use gpu_stack_core::fleet::{Fleet, FleetGpuSpec, FleetNode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use crate::clusterpolicy::{ClusterPolicy, ClusterPolicySpec, MigSpec};
 use crate::operator::Clock;
+use crate::operator::clusterpolicy::{ClusterPolicy, ClusterPolicySpec, MigSpec};
 
 /// The default fleet: a few GPU nodes of different models on Ubuntu and RHEL,
 /// plus CPU-only nodes.
@@ -43,7 +43,7 @@ pub(super) fn default_policy(node_agent: bool) -> ClusterPolicy {
             strategy: Some(MIG_STRATEGY.into()),
             ..Default::default()
         }),
-        node_agent: node_agent.then(|| crate::clusterpolicy::ComponentSpec {
+        node_agent: node_agent.then(|| crate::operator::clusterpolicy::ComponentSpec {
             enabled: Some(true),
             ..Default::default()
         }),

@@ -22,7 +22,7 @@ use gpu_stack_core::metrics::{
 
 use super::selfmetrics::SelfMetrics;
 use super::{ExporterConfig, ExporterError};
-use crate::podresources::PodResourcesCache;
+use crate::kubelet::podresources::PodResourcesCache;
 
 /// A rendered snapshot, ready to serve.
 #[derive(Debug, Clone, Default)]

@@ -12,7 +12,7 @@
 //! - Failures are also published as Events regarding the node, next to the
 //!   failure annotation [`reconcile`](super::reconcile) writes.
 //!
-//! The operator's [`KubeCluster`](crate::cluster::kube_cluster::KubeCluster) is
+//! The operator's [`KubeCluster`](crate::operator::cluster::kube_cluster::KubeCluster) is
 //! not reused: it needs the controller's cluster-wide node store and patches
 //! labels only, while the manager reads one node and patches annotations too.
 use gpu_stack_core::mig::Demand;

@@ -16,7 +16,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, CustomResourceExt, ResourceExt};
 
-use crate::clusterpolicy::ClusterPolicy;
+use crate::operator::clusterpolicy::ClusterPolicy;
 use crate::operator::migconfig::MigConfig;
 use crate::operator::nvidiadriver::NvidiaDriver;
 

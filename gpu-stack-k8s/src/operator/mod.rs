@@ -59,9 +59,11 @@ use gpu_stack_core::operator::driver::DriverPlan;
 use gpu_stack_core::operator::labels::LabelPatch;
 use serde::Serialize;
 
-use crate::cluster::{Cluster, ClusterError, Object, ObjectKey};
-use crate::clusterpolicy::{ClusterPolicyStatus, Condition};
-use crate::desired::{Options, active_policy, carry_condition_times, carry_times, ignored_status};
+use crate::operator::cluster::{Cluster, ClusterError, Object, ObjectKey};
+use crate::operator::clusterpolicy::{ClusterPolicyStatus, Condition};
+use crate::operator::desired::{
+    Options, active_policy, carry_condition_times, carry_times, ignored_status,
+};
 use crate::operator::migconfig::MigConfigStatus;
 use crate::operator::nvidiadriver::NvidiaDriverStatus;
 

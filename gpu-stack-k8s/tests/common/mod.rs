@@ -1,8 +1,8 @@
 //! Fixtures shared by the operator's in-memory cluster tests.
 use gpu_stack_core::fleet::Fleet;
-use gpu_stack_k8s::cluster::InMemoryCluster;
-use gpu_stack_k8s::cluster::fleet::nodes_from_fleet;
-use gpu_stack_k8s::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
+use gpu_stack_k8s::operator::cluster::InMemoryCluster;
+use gpu_stack_k8s::operator::cluster::fleet::nodes_from_fleet;
+use gpu_stack_k8s::operator::clusterpolicy::{ClusterPolicy, ClusterPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// The mixed example fleet.

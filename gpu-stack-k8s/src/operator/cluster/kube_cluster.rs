@@ -29,8 +29,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Cluster, ClusterError, Object, ObjectKey};
-use crate::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
-use crate::controller::watches::Caches;
+use crate::operator::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
+use crate::operator::controller::watches::Caches;
 use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 
@@ -350,7 +350,7 @@ impl Cluster for KubeCluster {
             .map(|p| ClusterPolicy::clone(p))
             .collect();
         // The policy in charge owns what this pass applies.
-        if let Some(active) = crate::desired::active_policy(&policies) {
+        if let Some(active) = crate::operator::desired::active_policy(&policies) {
             self.set_owner(active);
         }
         Ok(policies)

@@ -93,7 +93,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{Node, PodSpec, PodTemplateSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
-    use crate::cluster::Cluster;
+    use crate::operator::cluster::Cluster;
 
     const DP: &str = "nvidia.com/gpu.deploy.device-plugin";
 

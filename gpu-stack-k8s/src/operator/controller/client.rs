@@ -15,7 +15,7 @@ use kube::client::{Body, ClientBuilder};
 use kube::{Client, Config};
 use tower::util::MapRequestLayer;
 
-use crate::operator_metrics::OperatorMetrics;
+use crate::operator::metrics::OperatorMetrics;
 
 /// Builds a client for `config` whose requests are recorded in `metrics`,
 /// without kube's default retries (see the module docs).

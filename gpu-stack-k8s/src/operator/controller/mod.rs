@@ -36,8 +36,8 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
-use crate::clusterpolicy::ClusterPolicy;
-use crate::operator_metrics::{OperatorMetrics, ReconciliationStatus};
+use crate::operator::clusterpolicy::ClusterPolicy;
+use crate::operator::metrics::{OperatorMetrics, ReconciliationStatus};
 use events::{Decision, EventPublisher};
 
 /// Period of the resync after a successful pass. Watches can miss a change
@@ -66,7 +66,7 @@ pub struct PassReport {
 }
 
 /// One reconcile pass of the operator for a ClusterPolicy. Implemented over
-/// the kube `Cluster` in [`crate::cluster::kube_cluster`].
+/// the kube `Cluster` in [`crate::operator::cluster::kube_cluster`].
 pub trait Pass: Send + Sync + 'static {
     /// Why a pass failed.
     type Error: std::error::Error + Send + Sync + 'static;

@@ -19,12 +19,12 @@ use super::events::{Announced, Decision, Severity};
 use super::operand_pods;
 use super::watches::{CacheError, Caches};
 use super::{Pass, PassReport};
-use crate::cluster::kube_cluster::KubeCluster;
-use crate::cluster::{Cluster, ClusterError, Object};
-use crate::clusterpolicy::{ClusterPolicy, state};
-use crate::desired::{Options, gpu_node_census};
+use crate::operator::cluster::kube_cluster::KubeCluster;
+use crate::operator::cluster::{Cluster, ClusterError, Object};
+use crate::operator::clusterpolicy::{ClusterPolicy, state};
+use crate::operator::desired::{Options, gpu_node_census};
+use crate::operator::metrics::ReconciliationStatus;
 use crate::operator::{Operator, OperatorError};
-use crate::operator_metrics::ReconciliationStatus;
 
 /// Finalizer on the ClusterPolicy: node label cleanup runs before it goes.
 pub const FINALIZER: &str = "nvidia.com/gpu-stack-cleanup";

@@ -15,7 +15,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use crate::operator_metrics::OperatorMetrics;
+use crate::operator::metrics::OperatorMetrics;
 
 /// Shared readiness flag.
 #[derive(Clone, Debug, Default)]

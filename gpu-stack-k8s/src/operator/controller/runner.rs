@@ -21,10 +21,10 @@ use super::events::EventPublisher;
 use super::ops::{self, Readiness};
 use super::watches::{Caches, OwnedStores, node_watch, resource_watches};
 use super::{ControllerError, ControllerSettings, Pass, run_controller};
-use crate::leader::{LeaderConfig, LeaderError, Leadership};
+use crate::operator::leader::{LeaderConfig, LeaderError, Leadership};
+use crate::operator::metrics::OperatorMetrics;
 use crate::operator::migconfig::demand::run_demand;
-use crate::operator_metrics::OperatorMetrics;
-use crate::upgrade::controller::{UpgradeController, UpgradeSettings, run_upgrades};
+use crate::operator::upgrade::controller::{UpgradeController, UpgradeSettings, run_upgrades};
 
 /// Everything the operator process needs.
 #[derive(Clone, Debug)]

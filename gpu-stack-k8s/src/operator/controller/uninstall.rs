@@ -20,11 +20,11 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
-use crate::clusterpolicy::ClusterPolicy;
-use crate::controller::operator_pass::{cleanup_patch, without_finalizer};
 use crate::deviceplugin::labels::label_changes;
 use crate::migmanager::NodePatch;
 use crate::migmanager::kube_node::merge_patch_body;
+use crate::operator::clusterpolicy::ClusterPolicy;
+use crate::operator::controller::operator_pass::{cleanup_patch, without_finalizer};
 
 /// Errors of the uninstall steps.
 #[derive(Debug, thiserror::Error)]

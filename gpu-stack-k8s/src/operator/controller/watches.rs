@@ -24,9 +24,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
-use crate::cluster::Object;
-use crate::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
-use crate::clusterpolicy::ClusterPolicy;
+use crate::operator::cluster::Object;
+use crate::operator::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::operator::clusterpolicy::ClusterPolicy;
 use crate::operator::migconfig::MigConfig;
 use crate::operator::nvidiadriver::NvidiaDriver;
 
@@ -221,7 +221,7 @@ pub struct Caches {
     pub owned: OwnedStores,
     /// NVIDIADrivers. Not waited for: without their CRD the watch never
     /// completes, and a pass then reads them directly
-    /// ([`crate::cluster::kube_cluster::KubeCluster`]).
+    /// ([`crate::operator::cluster::kube_cluster::KubeCluster`]).
     pub nvidia_drivers: Store<NvidiaDriver>,
     /// MigConfigs, read the same way as NVIDIADrivers.
     pub mig_configs: Store<MigConfig>,

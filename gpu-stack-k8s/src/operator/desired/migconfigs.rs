@@ -11,8 +11,8 @@ use gpu_stack_core::operator::migdemand::apply_decisions;
 
 use super::render::MIG_PARTED_CONFIG_KEY;
 use super::{catalog_models_on_node, condition, reason};
-use crate::cluster::object::Object;
-use crate::clusterpolicy::ClusterPolicy;
+use crate::operator::cluster::object::Object;
+use crate::operator::clusterpolicy::ClusterPolicy;
 use crate::operator::migconfig::{MigConfig, MigConfigNode, MigConfigStatus};
 
 /// Reason of a MigConfig's conditions when the operator cannot act on it.

@@ -23,9 +23,9 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
-use crate::cluster::object::{HASH_ANNOTATION, Object, ObjectKey};
-use crate::cluster::selector::{pod_selects_node, pod_tolerates_taints};
-use crate::clusterpolicy::{
+use crate::operator::cluster::object::{HASH_ANNOTATION, Object, ObjectKey};
+use crate::operator::cluster::selector::{pod_selects_node, pod_tolerates_taints};
+use crate::operator::clusterpolicy::{
     ClusterPolicy, ClusterPolicyStatus, Condition, DEFAULT_NAMESPACE, RefusedNode, state,
 };
 use crate::operator::migconfig::{MigConfig, MigConfigStatus};
@@ -722,7 +722,7 @@ pub fn desired_state_with(
 
 /// Whether the MIG manager reads the operator's own mig-parted ConfigMap
 /// (no `migManager.config.name`, or the default one).
-fn uses_default_mig_config(spec: &crate::clusterpolicy::ClusterPolicySpec) -> bool {
+fn uses_default_mig_config(spec: &crate::operator::clusterpolicy::ClusterPolicySpec) -> bool {
     spec.mig_manager
         .as_ref()
         .and_then(|m| m.config.as_ref())

@@ -10,8 +10,8 @@ use gpu_stack_core::operator::nvidiadriver::{
 
 use super::render::NVIDIA_DRIVER_LABEL;
 use super::{condition, reason, summarize};
-use crate::cluster::object::Object;
-use crate::clusterpolicy::ClusterPolicy;
+use crate::operator::cluster::object::Object;
+use crate::operator::clusterpolicy::ClusterPolicy;
 use crate::operator::nvidiadriver::{
     NvidiaDriver, NvidiaDriverState, NvidiaDriverStatus, condition as nvd_condition,
     conflict_condition, reason as nvd_reason, refused_condition,

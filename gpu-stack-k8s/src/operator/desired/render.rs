@@ -21,8 +21,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL, Object};
-use crate::clusterpolicy::{
+use crate::operator::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL, Object};
+use crate::operator::clusterpolicy::{
     ClusterPolicy, ClusterPolicySpec, ComponentSpec, ContainerProbeSpec, DriverManagerSpec,
     DriverSpec,
 };
@@ -775,7 +775,7 @@ fn user_env_names_validations_dir(spec: &ClusterPolicySpec, c: Component) -> boo
 }
 
 /// Adds the user's `env` to `out`, each replacing a variable of its name.
-fn merge_env(out: &mut Vec<EnvVar>, user: &[crate::clusterpolicy::EnvVar]) {
+fn merge_env(out: &mut Vec<EnvVar>, user: &[crate::operator::clusterpolicy::EnvVar]) {
     for e in user {
         out.retain(|x| x.name != e.name);
         out.push(env(&e.name, e.value.clone()));

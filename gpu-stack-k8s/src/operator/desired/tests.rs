@@ -127,7 +127,7 @@ proptest::proptest! {
 }
 
 fn policy_with(spec: serde_json::Value) -> ClusterPolicy {
-    let spec: crate::clusterpolicy::ClusterPolicySpec =
+    let spec: crate::operator::clusterpolicy::ClusterPolicySpec =
         serde_json::from_value(spec).expect("a valid spec");
     ClusterPolicy::new("cluster-policy", spec)
 }
@@ -833,7 +833,7 @@ fn dra_driver_renders_its_kubelet_plugin_instead_of_the_mig_manager() {
         Some(
             format!(
                 "ghcr.io/gpu-stack/gpu-dra-plugin:{}",
-                crate::clusterpolicy::GPU_STACK_VERSION
+                crate::operator::clusterpolicy::GPU_STACK_VERSION
             )
             .as_str()
         )

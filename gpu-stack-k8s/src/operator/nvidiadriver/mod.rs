@@ -26,8 +26,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::clusterpolicy::{Condition, EnvVar, Extra, Resources, Toleration};
-pub use crate::clusterpolicy::{ContainerProbeSpec, DriverManagerSpec};
+use crate::operator::clusterpolicy::{Condition, EnvVar, Extra, Resources, Toleration};
+pub use crate::operator::clusterpolicy::{ContainerProbeSpec, DriverManagerSpec};
 
 /// The image NVIDIA's CRD defaults `spec.image` to (a full path: with no
 /// `repository`, it is used as is).
@@ -256,7 +256,7 @@ where
 }
 
 fn nvidia_driver_upgrade_policy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    crate::clusterpolicy::upgrade_policy_schema_with(true)
+    crate::operator::clusterpolicy::upgrade_policy_schema_with(true)
 }
 
 fn default_image() -> String {

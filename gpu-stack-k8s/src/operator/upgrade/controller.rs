@@ -23,11 +23,11 @@ use super::observe::{
     ObserveError, PodSelectors, daemonset_revisions, needs_node_pods, observe_nodes, sort_node_pods,
 };
 use super::{DRIVER_SELECTOR, FIELD_MANAGER, UpgradeError, upgrade_status};
-use crate::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
-use crate::controller::events::{Announced, Decision, EventPublisher, Severity};
-use crate::desired::active_policy;
+use crate::operator::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
+use crate::operator::controller::events::{Announced, Decision, EventPublisher, Severity};
+use crate::operator::desired::active_policy;
+use crate::operator::metrics::OperatorMetrics;
 use crate::operator::nvidiadriver::NvidiaDriver;
-use crate::operator_metrics::OperatorMetrics;
 
 /// NVIDIA's planned requeue: a pass at least this often.
 pub const IDLE_INTERVAL: Duration = Duration::from_secs(120);

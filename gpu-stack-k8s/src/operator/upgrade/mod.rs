@@ -33,7 +33,7 @@ pub mod observe;
 
 use gpu_stack_core::operator::upgrade::{StuckNode, UpgradePlan, UpgradePolicyError, UpgradeState};
 
-use crate::clusterpolicy::{Condition, DriverUpgradeStatus, StuckUpgradeNode};
+use crate::operator::clusterpolicy::{Condition, DriverUpgradeStatus, StuckUpgradeNode};
 use observe::ObserveError;
 
 /// Selects the driver DaemonSets, their pods and their ControllerRevisions.

@@ -29,7 +29,7 @@ use super::{
     COMPONENT_LABEL, RenderContext, daemonset, gate_containers, merge_env, privileged, rbac_rules,
     section_resources,
 };
-use crate::cluster::object::Object;
+use crate::operator::cluster::object::Object;
 
 /// Name of the node agent's DaemonSet, ServiceAccount and ClusterRole (and
 /// the `app` label of its pods).

@@ -1,6 +1,6 @@
 //! `nodeAgent.enabled`: one DaemonSet for the hosted components.
 use super::*;
-use crate::cluster::selector::pod_selects_node;
+use crate::operator::cluster::selector::pod_selects_node;
 use render::NODE_AGENT_NAME;
 
 fn desired_for(spec: serde_json::Value) -> Desired {
