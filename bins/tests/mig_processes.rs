@@ -213,8 +213,9 @@ fn mode_change_waiting_for_a_reboot_finishes_after_it() {
 }
 
 /// `gpu-stack mig` with counts and layouts no GPU can hold: a fit count of
-/// 4294967295 is bad input (exit 2) naming the count and the GPU's maximum,
-/// not an abort on allocation; check-config reports the same per model;
+/// 4294967295 does not fit (exit 1) naming the count and the GPU's maximum,
+/// not an abort on allocation; a count that does not parse (4294967296) is
+/// bad input (exit 2); check-config reports the same per model;
 /// validate refuses 10,000 instances in one short line; a 120 KB layout that
 /// does not parse gives a short message.
 #[test]
@@ -227,10 +228,20 @@ fn counts_and_layouts_beyond_any_gpu_are_refused_briefly() {
             .unwrap()
     };
     let o = mig(&["fit", "--model", "H100-SXM5-80GB", "1g.10gb=4294967295"]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        err.contains("4294967295") && err.contains("at most 7"),
+        out.starts_with("does not fit: ")
+            && out.contains("4294967295")
+            && out.contains("at most 7"),
+        "{}",
+        text(&o)
+    );
+    assert!(o.stdout.len() < 2_000, "{} bytes", o.stdout.len());
+    let o = mig(&["fit", "--model", "H100-SXM5-80GB", "1g.10gb=4294967296"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not a whole number from 0 to 4294967295"),
         "{}",
         text(&o)
     );
@@ -270,4 +281,51 @@ fn counts_and_layouts_beyond_any_gpu_are_refused_briefly() {
     let o = mig(&["validate", "--model", "H100-SXM5-80GB", &bad]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(o.stderr.len() < 2_000, "{} bytes", o.stderr.len());
+}
+
+/// `gpu-stack mig fit` keeps the exit codes its help gives: a demand with more
+/// of a profile than one GPU holds has no layout (exit 1, "does not fit" with
+/// the maximum), in table and JSON output alike; the largest count that fits
+/// exits 0; a profile the GPU lacks is bad input (exit 2).
+#[test]
+fn fit_counts_above_one_gpu_do_not_fit() {
+    let fit = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_gpu-stack"))
+            .args(["mig", "fit", "--model", "A100-SXM4-40GB"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = fit(&["1g.5gb=8"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("does not fit: 8 × 1g.5gb requested")
+            && out.contains("holds at most 7 1g.5gb instances; lower the count to 7 or less"),
+        "{}",
+        text(&o)
+    );
+    assert!(o.stderr.is_empty(), "{}", text(&o));
+
+    let o = fit(&["1g.5gb=8", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["fits"], false, "{}", text(&o));
+    assert_eq!(v["detail"]["reason"], "count-above-maximum", "{}", text(&o));
+    assert_eq!(v["detail"]["max"], 7, "{}", text(&o));
+
+    // A huge count is refused the same way, before anything is sized by it.
+    let o = fit(&["1g.5gb=999999999"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("999999999 × 1g.5gb requested"),
+        "{}",
+        text(&o)
+    );
+
+    let o = fit(&["1g.5gb=7"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    let o = fit(&["1g.12gb=1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }

@@ -417,8 +417,10 @@ fn fit(name: &str, demand: &str, output: Output) -> Result<ExitCode> {
             ));
         }
     }
-    // A count no GPU of this model can hold is bad input (exit 2), not "does not fit".
-    mig::check_demand(g, &d).with_context(|| format!("demand on {name}"))?;
+    // A count above what one GPU of this model holds is a demand that does
+    // not fit (exit 1), like any other: `fit` refuses it before anything is
+    // sized by the count. Only a count that does not parse (above
+    // 4294967295) is bad input.
     let result = mig::fit(g, &d);
     match (&result, output) {
         (Ok(l), Output::Json) => print_json(&serde_json::json!({ "fits": true, "layout": l }))?,

@@ -307,9 +307,9 @@ fn check_count(name: &MigProfileName, count: u32, max: u32) -> Result<(), FitErr
 
 /// Checks every count of a demand against the most instances of its profile
 /// one GPU of `geometry` can hold, and every profile exists. `fit` and
-/// `reconfigure` run this check first; callers use it to tell bad input (a
-/// count no GPU of this model could ever meet) from a demand that just does
-/// not fit.
+/// `reconfigure` run this check first, so a count above the maximum is
+/// refused as [`FitError::CountAboveMaximum`] (the demand does not fit)
+/// before anything is sized by the count.
 pub fn check_demand(geometry: &MigGeometry, demand: &Demand) -> Result<(), FitError> {
     for (name, count) in demand {
         let idx = geometry
