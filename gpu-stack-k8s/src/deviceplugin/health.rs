@@ -12,6 +12,33 @@ use std::time::Duration;
 use gpu_stack_core::backend::{GpuBackend, HealthEventKind};
 use gpu_stack_core::deviceplugin::{HealthEvent, Resource};
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+
+/// How long the health thread waits before offering an event again to a
+/// full channel (see [`super::plugin::HEALTH_EVENT_BUFFER`]); short, as the
+/// plugins' loop drains the channel as soon as it is free, and between
+/// tries the thread sees its stop flag.
+const FULL_RETRY: Duration = Duration::from_millis(10);
+
+/// Hands `event` to the plugins, waiting in [`FULL_RETRY`] steps while the
+/// channel is full. False when the event cannot be delivered: the plugins
+/// are gone, or `stop` was set while waiting.
+fn forward(tx: &mpsc::Sender<HealthEvent>, event: HealthEvent, stop: &AtomicBool) -> bool {
+    let mut event = event;
+    loop {
+        match tx.try_send(event) {
+            Ok(()) => return true,
+            Err(TrySendError::Closed(_)) => return false,
+            Err(TrySendError::Full(back)) => {
+                if stop.load(Ordering::SeqCst) {
+                    return false;
+                }
+                event = back;
+                std::thread::sleep(FULL_RETRY);
+            }
+        }
+    }
+}
 
 /// Tells whether a faulted device (by UUID) answers queries again.
 pub trait HealthProbe: Send + Sync {
@@ -71,11 +98,13 @@ impl Drop for HealthPump {
 /// Subscribes to the backend's health events and forwards them. An event with
 /// GPU/compute instance ids is attributed to that MIG device when the node
 /// advertises it, otherwise to the whole GPU. A failing subscription marks
-/// every device (as NVIDIA's plugin does) and is retried.
+/// every device (as NVIDIA's plugin does) and is retried. No event is
+/// dropped: while `tx` is full the thread waits, and it ends when the
+/// receiver is gone or it is stopped.
 pub fn spawn_backend_health(
     backend: Arc<dyn GpuBackend>,
     resources: &[Resource],
-    tx: mpsc::UnboundedSender<HealthEvent>,
+    tx: mpsc::Sender<HealthEvent>,
 ) -> HealthPump {
     let mut mig_uuid: BTreeMap<(String, u32), Vec<(u32, String)>> = BTreeMap::new();
     for d in resources.iter().flat_map(|r| r.devices.iter()) {
@@ -96,7 +125,10 @@ pub fn spawn_backend_health(
                 let mut events = match backend.health_events() {
                     Ok(e) => e,
                     Err(e) => {
-                        let _ = tx.send(HealthEvent::AllDevices { reason: format!("health events unavailable: {e}") });
+                        let all = HealthEvent::AllDevices { reason: format!("health events unavailable: {e}") };
+                        if !forward(&tx, all, &flag) {
+                            return;
+                        }
                         std::thread::sleep(Duration::from_secs(1));
                         continue;
                     }
@@ -127,14 +159,17 @@ pub fn spawn_backend_health(
                                     HealthEventKind::Xid { xid } => HealthEvent::Xid { uuid, xid },
                                     HealthEventKind::GpuLost => HealthEvent::Lost { uuid },
                                 };
-                                if tx.send(out).is_err() {
+                                if !forward(&tx, out, &flag) {
                                     return;
                                 }
                             }
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "waiting for GPU health events failed; marking all devices");
-                            let _ = tx.send(HealthEvent::AllDevices { reason: format!("health event wait failed: {e}") });
+                            let all = HealthEvent::AllDevices { reason: format!("health event wait failed: {e}") };
+                            if !forward(&tx, all, &flag) {
+                                return;
+                            }
                             std::thread::sleep(Duration::from_secs(1));
                             break;
                         }
@@ -144,4 +179,43 @@ pub fn spawn_backend_health(
         })
         .ok();
     HealthPump { stop, handle }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xid(n: u32) -> HealthEvent {
+        HealthEvent::Xid {
+            uuid: format!("GPU-{n}"),
+            xid: 48,
+        }
+    }
+
+    #[test]
+    fn a_full_channel_delays_events_and_loses_none() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let sender = std::thread::spawn(move || (0..20).all(|n| forward(&tx, xid(n), &flag)));
+        let got: Vec<HealthEvent> = std::iter::from_fn(|| rx.blocking_recv()).collect();
+        assert_eq!(got, (0..20).map(xid).collect::<Vec<_>>());
+        assert!(sender.join().unwrap());
+    }
+
+    #[test]
+    fn a_stop_ends_the_wait_on_a_full_channel() {
+        let (tx, _rx) = mpsc::channel(1);
+        let stop = AtomicBool::new(false);
+        assert!(forward(&tx, xid(0), &stop));
+        stop.store(true, Ordering::SeqCst);
+        assert!(!forward(&tx, xid(1), &stop));
+    }
+
+    #[test]
+    fn nothing_is_forwarded_once_the_plugins_are_gone() {
+        let (tx, rx) = mpsc::channel(1);
+        drop(rx);
+        assert!(!forward(&tx, xid(0), &AtomicBool::new(false)));
+    }
 }

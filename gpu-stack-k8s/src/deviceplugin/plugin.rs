@@ -10,6 +10,11 @@
 //! [`DIR_SETTLE`] and acted on once, so a kubelet restart (removals, then the
 //! creation) leads to one registration. A check on each probe tick catches
 //! lost events.
+//!
+//! Nothing queues without bound: health events come over a channel of
+//! [`HEALTH_EVENT_BUFFER`], directory changes are folded into one
+//! [`DirChanges`] value as they happen, and device lists reach the
+//! `ListAndWatch` streams as the latest value of a watch channel.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -36,6 +41,17 @@ use crate::kubelet::transport::unix_incoming;
 /// How long changes in the kubelet directory are gathered before the
 /// plugins act on them.
 pub const DIR_SETTLE: Duration = Duration::from_millis(100);
+
+/// Health events queued between their source (the backend's health thread)
+/// and the plugins' loop. The loop applies an event in microseconds, so the
+/// queue only fills in a burst while the loop is busy elsewhere (registering
+/// with the kubelet, restarting its servers); 256 holds an Xid on every MIG
+/// device of an 8-GPU node several times over. An event is a fault, not a
+/// state that a later event replaces, so none is dropped: when the queue is
+/// full the sender waits (the health thread does so in short steps, still
+/// seeing its stop flag) while the backend keeps the events it has not
+/// handed over yet. The loop itself never waits on the queue.
+pub const HEALTH_EVENT_BUFFER: usize = 256;
 
 /// Errors running the plugins.
 #[derive(Debug, thiserror::Error)]
@@ -123,8 +139,8 @@ pub struct DevicePlugins {
     nvlinks: Arc<NvlinkMap>,
     options: PluginOptions,
     probe: Option<Arc<dyn HealthProbe>>,
-    health_tx: mpsc::UnboundedSender<HealthEvent>,
-    health_rx: mpsc::UnboundedReceiver<HealthEvent>,
+    health_tx: mpsc::Sender<HealthEvent>,
+    health_rx: mpsc::Receiver<HealthEvent>,
 }
 
 impl DevicePlugins {
@@ -135,7 +151,7 @@ impl DevicePlugins {
         nvlinks: NvlinkMap,
         options: PluginOptions,
     ) -> DevicePlugins {
-        let (health_tx, health_rx) = mpsc::unbounded_channel();
+        let (health_tx, health_rx) = mpsc::channel(HEALTH_EVENT_BUFFER);
         DevicePlugins {
             resources: resources.into_iter().map(Arc::new).collect(),
             settings: Arc::new(settings),
@@ -153,8 +169,9 @@ impl DevicePlugins {
         self
     }
 
-    /// Where health events go (from the backend pump, or tests).
-    pub fn health_sender(&self) -> mpsc::UnboundedSender<HealthEvent> {
+    /// Where health events go (from the backend pump, or tests); it holds
+    /// [`HEALTH_EVENT_BUFFER`] events the plugins have not applied yet.
+    pub fn health_sender(&self) -> mpsc::Sender<HealthEvent> {
         self.health_tx.clone()
     }
 
@@ -165,10 +182,23 @@ impl DevicePlugins {
             return Err(PluginError::NoDevices);
         }
         let dir = self.options.kubelet_dir.clone();
-        let (fs_tx, mut fs_rx) = mpsc::unbounded_channel::<notify::Event>();
+        let kubelet_sock = dir.join(KUBELET_SOCKET);
+        let ours = self.socket_paths();
+        // Directory changes are noted on the watcher's thread into one value
+        // the loop takes when they settle: a burst of events costs nothing
+        // more than one, and none is lost while the loop is busy. Receivers
+        // are told only when a change adds something.
+        let dir_changes = watch::Sender::new(DirChanges::default());
+        let mut dir_rx = dir_changes.subscribe();
+        let noted = dir_changes.clone();
+        let (watched_sock, watched_ours) = (kubelet_sock.clone(), ours.clone());
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             if let Ok(ev) = res {
-                let _ = fs_tx.send(ev);
+                noted.send_if_modified(|changes| {
+                    let before = *changes;
+                    changes.note(&ev, &watched_sock, &watched_ours);
+                    *changes != before
+                });
             }
         })
         .map_err(|e| PluginError::Watch {
@@ -205,13 +235,10 @@ impl DevicePlugins {
         };
 
         tokio::pin!(shutdown);
-        let kubelet_sock = dir.join(KUBELET_SOCKET);
-        let ours = self.socket_paths();
         let mut ticker = tokio::time::interval(self.options.probe_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut generation = 0u64;
-        // Directory changes gathered until `settle_at`.
-        let mut changes = DirChanges::default();
+        // Directory changes (in `dir_changes`) are gathered until `settle_at`.
         let mut settle_at: Option<tokio::time::Instant> = None;
         'restart: loop {
             generation += 1;
@@ -251,16 +278,19 @@ impl DevicePlugins {
                         running.shutdown().await;
                         return Ok(());
                     }
-                    Some(ev) = fs_rx.recv() => {
-                        let before = changes;
-                        changes.note(&ev, &kubelet_sock, &ours);
-                        if changes != before {
+                    Ok(()) = dir_rx.changed() => {
+                        if dir_rx.borrow_and_update().any() {
                             suspect = false;
                             settle_at.get_or_insert_with(|| tokio::time::Instant::now() + DIR_SETTLE);
                         }
                     }
                     () = settle_sleep => {
-                        let seen = std::mem::take(&mut changes);
+                        // Taken without telling the receiver: emptying is not a change.
+                        let mut seen = DirChanges::default();
+                        dir_changes.send_if_modified(|changes| {
+                            seen = std::mem::take(changes);
+                            false
+                        });
                         settle_at = None;
                         let missing = ours.iter().any(|p| !p.exists());
                         match dir_action(seen, missing, kubelet_sock.exists(), self.options.register) {

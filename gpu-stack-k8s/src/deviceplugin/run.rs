@@ -177,10 +177,12 @@ impl SignalSource for UnixSignals {
     }
 }
 
-/// Signals sent on a channel; once every sender is gone, no more come.
-impl SignalSource for mpsc::UnboundedReceiver<Signal> {
+/// Signals sent on a (bounded) channel; once every sender is gone, no more
+/// come. A full channel makes its sender wait: signals are few, and each
+/// one counts.
+impl SignalSource for mpsc::Receiver<Signal> {
     async fn recv(&mut self) -> Signal {
-        match mpsc::UnboundedReceiver::recv(self).await {
+        match mpsc::Receiver::recv(self).await {
             Some(s) => s,
             None => std::future::pending().await,
         }
@@ -411,6 +413,9 @@ mod tests {
     use super::*;
     use gpu_stack_nvml::{SimNodeSpec, SimulatedBackend};
 
+    /// Signals a test queues ahead of the run (at most two here).
+    const SIGNALS: usize = 4;
+
     fn backend() -> Arc<dyn GpuBackend> {
         Arc::new(SimulatedBackend::new(&SimNodeSpec::uniform("n0", "0x233010DE", 1)).unwrap())
     }
@@ -444,16 +449,16 @@ mod tests {
 
     #[tokio::test]
     async fn wait_stop_follows_the_signals() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        tx.send(Signal::Hangup).unwrap();
+        let (tx, mut rx) = mpsc::channel(SIGNALS);
+        tx.send(Signal::Hangup).await.unwrap();
         assert_eq!(wait_stop(&mut rx, None).await, Stop::Reload);
-        tx.send(Signal::Terminate).unwrap();
+        tx.send(Signal::Terminate).await.unwrap();
         assert_eq!(wait_stop(&mut rx, None).await, Stop::Exit);
     }
 
     #[tokio::test]
     async fn wait_stop_reloads_when_the_rescan_sees_a_new_layout() {
-        let (_tx, mut rx) = mpsc::unbounded_channel::<Signal>();
+        let (_tx, mut rx) = mpsc::channel::<Signal>(SIGNALS);
         let b = backend();
         let serving = node(&b);
         b.set_mig_mode(0, true).unwrap();
@@ -482,7 +487,7 @@ mod tests {
             rescan_interval_seconds: 30,
         };
         // failOnInitError defaults to true: the backend's error ends the run.
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(SIGNALS);
         let err = run(&options, || Err::<Arc<dyn GpuBackend>, _>("no driver"), rx)
             .await
             .unwrap_err();
@@ -498,9 +503,9 @@ mod tests {
             },
             ..options
         };
-        let (tx, rx) = mpsc::unbounded_channel();
-        tx.send(Signal::Hangup).unwrap();
-        tx.send(Signal::Terminate).unwrap();
+        let (tx, rx) = mpsc::channel(SIGNALS);
+        tx.send(Signal::Hangup).await.unwrap();
+        tx.send(Signal::Terminate).await.unwrap();
         let mut builds = 0;
         run(
             &options,
