@@ -50,6 +50,9 @@ pub mod selector;
 
 pub use selector::{LabelSelector, SelectorError};
 
+/// What every node annotation of the upgrade flow starts with: a node cache
+/// that keeps only these keeps all the flow reads.
+pub const ANNOTATION_PREFIX: &str = "nvidia.com/gpu-driver-upgrade";
 /// Node label holding the upgrade state.
 pub const STATE_LABEL: &str = "nvidia.com/gpu-driver-upgrade-state";
 /// Node label: `true` keeps the node out of driver upgrades.
@@ -549,6 +552,12 @@ impl UpgradeState {
         )
     }
 
+    /// Up to date and holding no slot: `upgrade-done`, or no label (a node
+    /// whose driver never needed an upgrade).
+    pub fn at_rest(self) -> bool {
+        matches!(self, UpgradeState::Unknown | UpgradeState::Done)
+    }
+
     /// Handled by the in-place flow (the requestor-mode states are not).
     pub fn managed(self) -> bool {
         !matches!(
@@ -823,7 +832,8 @@ pub struct UpgradeCounts {
     pub total: usize,
     /// Nodes holding an upgrade slot (see [`UpgradeState::in_progress`]).
     pub in_progress: usize,
-    /// `upgrade-done`.
+    /// At rest with an up-to-date driver pod: `upgrade-done`, or no label
+    /// (see [`UpgradeState::at_rest`]).
     pub done: usize,
     /// `upgrade-failed`.
     pub failed: usize,
@@ -906,7 +916,9 @@ pub fn upgrade_counts(
     Ok(UpgradeCounts {
         total,
         in_progress,
-        done: count(UpgradeState::Done),
+        done: managed()
+            .filter(|n| n.marks.state.at_rest() && needs_upgrade(n).is_none())
+            .count(),
         failed: count(UpgradeState::Failed),
         pending,
         unavailable,
@@ -1019,7 +1031,11 @@ fn step_done_or_unknown(n: &NodeObservation) -> Step {
         }
         return s;
     }
-    Step::to(UpgradeState::Done, "the driver pod is up to date")
+    // A node whose driver never needed an upgrade keeps no label: `""` and
+    // `upgrade-done` mean the same to NVIDIA's operator (its ClusterPolicy
+    // readiness accepts both) and to this flow, and labelling every node
+    // once would cost one more write per node of a fleet for nothing.
+    Step::to(n.marks.state, "the driver pod is up to date")
 }
 
 fn step_upgrade_required(n: &NodeObservation, available: &mut i64, c: &UpgradeCounts) -> Step {
@@ -1420,7 +1436,7 @@ fn track_state_time(
     now: u64,
     actions: &mut Vec<UpgradeAction>,
 ) {
-    let at_rest = matches!(next, UpgradeState::Unknown | UpgradeState::Done);
+    let at_rest = next.at_rest();
     let recorded = n.marks.state_since;
     if at_rest {
         if recorded.is_some() {
@@ -1518,7 +1534,7 @@ pub fn stuck_nodes(
     let mut out = Vec::new();
     for n in nodes {
         let state = n.marks.state;
-        if matches!(state, UpgradeState::Unknown | UpgradeState::Done) || !policy.auto_upgrade {
+        if state.at_rest() || !policy.auto_upgrade {
             continue;
         }
         if state == UpgradeState::UpgradeRequired && (n.node_ready || n.marks.skip) {

@@ -603,7 +603,7 @@ pub struct DriverUpgradeStatus {
     pub pending: i64,
     /// Nodes in `upgrade-failed`.
     pub failed: i64,
-    /// `n of m nodes upgraded`, with what is in flight.
+    /// `n of m nodes up to date`, with what is in flight.
     pub message: String,
     /// Nodes that waited in one state longer than the stuck limit.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

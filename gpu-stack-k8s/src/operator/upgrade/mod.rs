@@ -1,21 +1,25 @@
 //! The driver upgrade controller: the kube side of
 //! [`gpu_stack_core::operator::upgrade`].
 //!
-//! Each pass reads the cluster with a bounded number of list calls, builds
-//! one [`NodeObservation`](gpu_stack_core::operator::upgrade::NodeObservation)
+//! Each pass reads the watch caches ([`watches`]), builds one
+//! [`NodeObservation`](gpu_stack_core::operator::upgrade::NodeObservation)
 //! per node that runs a driver pod ([`observe`]), runs the pure
 //! [`plan_pass`](gpu_stack_core::operator::upgrade::plan_pass), and applies
 //! the decisions ([`apply`]).
 //!
-//! Reads per pass (with `autoUpgrade` on): the ClusterPolicies, the driver
-//! DaemonSets, their ControllerRevisions, the driver pods, the validator
-//! pods (each one list with a label selector), the nodes (one list per 500
-//! nodes), and one list of pods by `spec.nodeName` for each node in
-//! `wait-for-jobs-required`, `pod-deletion-required` or `drain-required`
-//! (at most `maxUnavailable` nodes). Writes: at most one merge patch per node
-//! (state label, annotations and `spec.unschedulable` together), one
-//! eviction per pod to remove, one delete per driver pod to restart, and the
-//! ClusterPolicy's `status.driverUpgrade` when it changed.
+//! Reads per pass: none from the API server but one list of pods by
+//! `spec.nodeName` for each node in `wait-for-jobs-required`,
+//! `pod-deletion-required` or `drain-required` (at most `maxUnavailable`
+//! nodes), and the NVIDIADrivers with `driver.useNvidiaDriverCRD`. The
+//! ClusterPolicies, the driver DaemonSets, their ControllerRevisions, the
+//! driver and validator pods come from label-filtered watches, stripped to
+//! what the flow reads; the nodes from the reconcile pass's node cache.
+//! Writes: at most one merge patch per node that changes (state label,
+//! annotations and `spec.unschedulable` together; a node whose driver is up
+//! to date gets none), one eviction per pod to remove, one delete per driver
+//! pod to restart, and the ClusterPolicy's `status.driverUpgrade` when it
+//! changed. A pass first waits (bounded) for the node cache to show the
+//! previous pass's node writes, so it never hands out a slot twice.
 //!
 //! A pod's revision is its `controller-revision-hash` label; the DaemonSet's
 //! is that label on its newest ControllerRevision. Evictions go through the
@@ -30,10 +34,12 @@
 pub mod apply;
 pub mod controller;
 pub mod observe;
+pub mod watches;
 
 use gpu_stack_core::operator::upgrade::{StuckNode, UpgradePlan, UpgradePolicyError, UpgradeState};
 
 use crate::operator::clusterpolicy::{Condition, DriverUpgradeStatus, StuckUpgradeNode};
+use crate::operator::controller::watches::CacheError;
 use observe::ObserveError;
 
 /// Selects the driver DaemonSets, their pods and their ControllerRevisions.
@@ -63,6 +69,9 @@ pub enum UpgradeError {
     /// The observations could not be built.
     #[error("driver upgrade: {0}")]
     Observe(#[from] ObserveError),
+    /// A watch cache is not filled yet.
+    #[error("driver upgrade: {0}")]
+    Cache(#[from] CacheError),
 }
 
 /// The `status.driverUpgrade` a pass reports: counts of the states it wrote.
@@ -77,11 +86,12 @@ pub fn upgrade_status(
         i64::try_from(n).unwrap_or(i64::MAX)
     };
     let total = count(&|s| s.managed());
-    let upgraded = count(&|s| s == UpgradeState::Done);
+    // Up to date: `upgrade-done`, or never needed an upgrade (no label).
+    let upgraded = count(&|s| s.at_rest());
     let in_progress = count(&|s| s.in_progress());
     let pending = count(&|s| s == UpgradeState::UpgradeRequired);
     let failed = count(&|s| s == UpgradeState::Failed);
-    let mut message = format!("{upgraded} of {total} nodes upgraded");
+    let mut message = format!("{upgraded} of {total} nodes up to date");
     if in_progress + pending + failed > 0 {
         message.push_str(&format!(
             "; {in_progress} in progress, {pending} pending, {failed} failed"

@@ -94,7 +94,7 @@ fn the_newest_controller_revision_is_the_daemonsets_revision() {
 fn a_daemonset_its_controller_has_not_caught_up_with_defers_the_pass() {
     let sets = [ds("driver", "ds-1", 3, 2)];
     assert!(matches!(
-        daemonset_revisions(&sets, &[]),
+        daemonset_revisions::<_, ControllerRevision>(&sets, &[]),
         Err(ObserveError::DaemonSetNotObserved { generation: 3, .. })
     ));
 }
@@ -309,7 +309,7 @@ fn a_version_bump_over_observed_nodes_starts_within_the_budget_and_reports_progr
     assert_eq!(st.total, 10);
     assert_eq!(
         st.message,
-        "0 of 10 nodes upgraded; 2 in progress, 8 pending, 0 failed"
+        "0 of 10 nodes up to date; 2 in progress, 8 pending, 0 failed"
     );
     assert_eq!(st.conditions[0].status, "False");
 }
