@@ -12,8 +12,7 @@
 //!   labels and taints only.
 //! - Node labels are changed with a JSON merge patch of `metadata.labels`,
 //!   touching no other field and no label we did not name.
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use gpu_stack_core::operator::labels::LabelPatch;
@@ -23,13 +22,13 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Cluster, ClusterError, Object, ObjectKey};
 use crate::operator::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
+use crate::operator::controller::node_writes::NodeWriteFence;
 use crate::operator::controller::watches::Caches;
 use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
@@ -44,18 +43,14 @@ pub struct KubeCluster {
     namespace: String,
     caches: Caches,
     owner: Arc<RwLock<Option<OwnerReference>>>,
-    /// Nodes this operator patched whose change the node watch has not
-    /// delivered yet, with the resource version the cache held before the
-    /// patch (see `catch_up_with_label_writes`).
-    unseen_label_writes: Arc<Mutex<HashMap<String, String>>>,
+    /// Nodes this pass patched whose change the node watch has not
+    /// delivered yet (see `catch_up_with_label_writes`).
+    label_writes: NodeWriteFence,
 }
 
 /// How long a pass waits for the node watch to deliver the operator's own
 /// label writes before it reads the node cache anyway.
 pub const LABEL_WRITES_CATCH_UP: Duration = Duration::from_secs(10);
-
-/// How often the node cache is checked while waiting for it to catch up.
-const CATCH_UP_POLL: Duration = Duration::from_millis(20);
 
 impl KubeCluster {
     /// A cluster over `client`, whose operands live in `namespace`, reading
@@ -64,9 +59,9 @@ impl KubeCluster {
         Self {
             client,
             namespace: namespace.into(),
-            caches,
             owner: Arc::new(RwLock::new(None)),
-            unseen_label_writes: Arc::default(),
+            label_writes: NodeWriteFence::new(caches.nodes.clone()),
+            caches,
         }
     }
 
@@ -92,48 +87,20 @@ impl KubeCluster {
         &self.client
     }
 
-    fn cached_node_version(&self, node: &str) -> Option<String> {
-        self.caches
-            .nodes
-            .get(&ObjectRef::new(node))
-            .and_then(|n| n.metadata.resource_version.clone())
-    }
-
     /// Waits (at most [`LABEL_WRITES_CATCH_UP`]) until the node cache shows
-    /// every node this operator patched at a newer version than before the
-    /// patch. A pass that read labels older than its own writes would
-    /// patch the same nodes again, as it did on 1,000 nodes while a rollout
-    /// slowed the watch. Cached versions are only compared for equality:
-    /// once the cache moved off the version it held before the patch, it
-    /// holds the patch or something newer.
+    /// every label patch this pass sent (see [`NodeWriteFence`]). A pass
+    /// that read labels older than its own writes would patch the same
+    /// nodes again, as it did on 1,000 nodes while a rollout slowed the
+    /// watch.
     async fn catch_up_with_label_writes(&self) {
-        let deadline = tokio::time::Instant::now() + LABEL_WRITES_CATCH_UP;
-        loop {
-            let pending = match self.unseen_label_writes.lock() {
-                Ok(mut unseen) => {
-                    unseen.retain(|node, before| {
-                        self.cached_node_version(node).as_ref() == Some(before)
-                    });
-                    unseen.len()
-                }
-                Err(_) => 0,
-            };
-            if pending == 0 {
-                return;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                tracing::warn!(
-                    nodes = pending,
-                    "the node watch has not shown the operator's own label writes after {}s; \
-                     reading the node cache as it is",
-                    LABEL_WRITES_CATCH_UP.as_secs()
-                );
-                if let Ok(mut unseen) = self.unseen_label_writes.lock() {
-                    unseen.clear();
-                }
-                return;
-            }
-            tokio::time::sleep(CATCH_UP_POLL).await;
+        let unseen = self.label_writes.catch_up(LABEL_WRITES_CATCH_UP).await;
+        if unseen > 0 {
+            tracing::warn!(
+                nodes = unseen,
+                "the node watch has not shown the operator's own label writes after {}s; \
+                 reading the node cache as it is",
+                LABEL_WRITES_CATCH_UP.as_secs()
+            );
         }
     }
 
@@ -322,18 +289,11 @@ impl Cluster for KubeCluster {
     ) -> Result<Node, ClusterError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let body = serde_json::json!({ "metadata": { "labels": patch } });
-        let before = self.cached_node_version(node);
         let meta = api
             .patch_metadata(node, &PatchParams::default(), &Patch::Merge(&body))
             .await
             .map_err(|e| backend(&format!("patch labels of Node/{node}"), e))?;
-        // A patch that changed nothing keeps the version; there is nothing
-        // for the watch to deliver.
-        if let Some(before) = before.filter(|b| meta.metadata.resource_version.as_ref() != Some(b))
-            && let Ok(mut unseen) = self.unseen_label_writes.lock()
-        {
-            unseen.insert(node.to_string(), before);
-        }
+        self.label_writes.wrote(node, &body);
         Ok(Node {
             metadata: meta.metadata,
             spec: None,

@@ -4,8 +4,8 @@
 //!
 //! Triggers, event-driven except for the slow resync below:
 //! - ClusterPolicy changes (the controller's main watch);
-//! - node *metadata* changes that alter labels, or nodes joining and leaving
-//!   (a metadata-only watch: no Node specs or statuses are cached);
+//! - node changes that alter labels or taints, or nodes joining and leaving
+//!   (nodes are cached stripped: see [`watches::strip_node`]);
 //! - changes to any object the operator owns (a DaemonSet's rollout status,
 //!   an operand edited or deleted by someone else).
 //!
@@ -18,6 +18,7 @@
 //! pass runs again after [`RESYNC_PERIOD`] (it writes only what differs).
 pub mod client;
 pub mod events;
+pub mod node_writes;
 pub mod operand_pods;
 pub mod operator_pass;
 pub mod ops;

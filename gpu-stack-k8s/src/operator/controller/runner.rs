@@ -25,6 +25,7 @@ use crate::operator::leader::{LeaderConfig, LeaderError, Leadership};
 use crate::operator::metrics::OperatorMetrics;
 use crate::operator::migconfig::demand::run_demand;
 use crate::operator::upgrade::controller::{UpgradeController, UpgradeSettings, run_upgrades};
+use crate::operator::upgrade::watches::UpgradeStores;
 
 /// Everything the operator process needs.
 #[derive(Clone, Debug)]
@@ -216,8 +217,11 @@ where
     let pass_client = client.clone();
     // The driver upgrade loop runs next to the reconcile loop, on the leader
     // only, and stops with it.
+    let (upgrade_stores, upgrade_triggers) =
+        UpgradeStores::start(&client, &options.namespace, nodes.clone());
     let upgrades = UpgradeController::new(
         client.clone(),
+        upgrade_stores,
         UpgradeSettings {
             namespace: options.namespace.clone(),
             stuck_after: options.upgrade_stuck_after,
@@ -226,7 +230,7 @@ where
         events.clone(),
     );
     let (upgrade_stop_tx, mut upgrade_stop_rx) = watch::channel(false);
-    let upgrade_task = tokio::spawn(run_upgrades(upgrades, async move {
+    let upgrade_task = tokio::spawn(run_upgrades(upgrades, upgrade_triggers, async move {
         let _ = upgrade_stop_rx.wait_for(|s| *s).await;
     }));
     // Demand-driven MIG decisions, likewise on the leader only.

@@ -6,6 +6,7 @@
 //! Each watch also yields a trigger when something it sees changes (an owned
 //! object edited or deleted by someone else, a DaemonSet's rollout status, a
 //! node's labels or taints), which the controller turns into a debounced pass.
+use std::collections::BTreeMap;
 use std::collections::hash_map::DefaultHasher;
 use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
@@ -13,9 +14,10 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, future};
+use gpu_stack_core::operator::upgrade;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, Node, NodeSpec, Service, ServiceAccount, Taint,
+    ConfigMap, Namespace, Node, NodeCondition, NodeSpec, NodeStatus, Service, ServiceAccount, Taint,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -30,10 +32,11 @@ use crate::operator::clusterpolicy::ClusterPolicy;
 use crate::operator::migconfig::MigConfig;
 use crate::operator::nvidiadriver::NvidiaDriver;
 
-/// Nodes as the operator keeps them: name, uid, resource version, labels
-/// and taints (no other spec field, no status, annotations or managed
-/// fields; see [`strip_node`]), shared with the reconcile pass so it never
-/// lists nodes itself.
+/// Nodes as the operator keeps them: name, uid, resource version, labels,
+/// taints, and what the driver upgrade flow reads (its annotations,
+/// `spec.unschedulable`, the Ready condition's status); nothing else (see
+/// [`strip_node`]). Shared by the reconcile pass and the upgrade controller,
+/// so neither lists nodes.
 pub type NodeStore = Store<Node>;
 
 /// How long a pass waits for the watches' first lists before it fails (and
@@ -45,32 +48,55 @@ pub const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 pub const NODE_LIST_PAGE: u32 = 100;
 
 /// Cuts a node down to what the operator reads before it is stored: its
-/// name, uid, resource version, labels and taints. The status (images,
-/// conditions, addresses), the rest of the spec, annotations and managed
-/// fields would be nearly all of what a 1,000-node store holds.
+/// name, uid, resource version, labels, taints, the driver upgrade flow's
+/// annotations ([`upgrade::ANNOTATION_PREFIX`]), `spec.unschedulable` and
+/// the Ready condition's status. The rest of the status (images, other
+/// conditions, addresses, heartbeat times), the rest of the spec, other
+/// annotations and managed fields would be nearly all of what a 1,000-node
+/// store holds.
 pub fn strip_node(node: &mut Node) {
     let meta = &mut node.metadata;
     meta.managed_fields = None;
-    meta.annotations = None;
     meta.owner_references = None;
     meta.finalizers = None;
-    node.status = None;
-    let taints = node
-        .spec
+    meta.annotations = meta
+        .annotations
         .take()
-        .and_then(|s| s.taints)
-        .filter(|t| !t.is_empty());
-    node.spec = taints.map(|taints| NodeSpec {
-        taints: Some(
-            taints
-                .into_iter()
-                // Only key, value and effect decide where a pod goes.
-                .map(|t| Taint {
-                    time_added: None,
-                    ..t
-                })
-                .collect(),
-        ),
+        .map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| k.starts_with(upgrade::ANNOTATION_PREFIX))
+                .collect::<BTreeMap<_, _>>()
+        })
+        .filter(|a| !a.is_empty());
+    let ready = node
+        .status
+        .take()
+        .and_then(|s| s.conditions)
+        .and_then(|cs| cs.into_iter().find(|c| c.type_ == "Ready"))
+        .map(|c| NodeCondition {
+            type_: c.type_,
+            status: c.status,
+            ..NodeCondition::default()
+        });
+    node.status = ready.map(|c| NodeStatus {
+        conditions: Some(vec![c]),
+        ..NodeStatus::default()
+    });
+    let spec = node.spec.take().unwrap_or_default();
+    let taints = spec.taints.filter(|t| !t.is_empty()).map(|taints| {
+        taints
+            .into_iter()
+            // Only key, value and effect decide where a pod goes.
+            .map(|t| Taint {
+                time_added: None,
+                ..t
+            })
+            .collect()
+    });
+    let unschedulable = spec.unschedulable.filter(|u| *u);
+    node.spec = (taints.is_some() || unschedulable.is_some()).then(|| NodeSpec {
+        taints,
+        unschedulable,
         ..NodeSpec::default()
     });
 }
@@ -290,7 +316,8 @@ fn logged<K>(kind: &str, result: Result<K, watcher::Error>) -> Option<K> {
     }
 }
 
-async fn synced<K>(kind: &'static str, store: &Store<K>) -> Result<(), CacheError>
+/// Waits (at most [`SYNC_TIMEOUT`]) until `store` has its first list.
+pub(crate) async fn synced<K>(kind: &'static str, store: &Store<K>) -> Result<(), CacheError>
 where
     K: Resource + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
@@ -312,7 +339,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeStatus, Taint};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
 
     fn full_node(taints: Option<Vec<Taint>>) -> Node {
@@ -322,10 +348,20 @@ mod tests {
                 "uid": "u-1",
                 "resourceVersion": "7",
                 "labels": {"nvidia.com/gpu.present": "true"},
-                "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                "annotations": {
+                    "node.alpha.kubernetes.io/ttl": "0",
+                    "nvidia.com/gpu-driver-upgrade.driver-wait-for-safe-load": "true",
+                },
             },
-            "spec": {"podCIDR": "10.0.0.0/24", "providerID": "kwok://gpu-1"},
-            "status": {"capacity": {"nvidia.com/gpu": "8"}},
+            "spec": {"podCIDR": "10.0.0.0/24", "providerID": "kwok://gpu-1", "unschedulable": true},
+            "status": {
+                "capacity": {"nvidia.com/gpu": "8"},
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False"},
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                     "lastHeartbeatTime": "2026-12-07T10:00:00Z"},
+                ],
+            },
         }))
         .expect("a valid Node");
         n.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
@@ -345,7 +381,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stored_node_keeps_name_labels_and_taints_only() {
+    fn a_stored_node_keeps_labels_taints_and_what_the_upgrade_flow_reads() {
         let mut n = full_node(Some(vec![taint("dedicated", "NoSchedule")]));
         strip_node(&mut n);
         let expected = Node {
@@ -354,6 +390,13 @@ mod tests {
                 uid: Some("u-1".into()),
                 resource_version: Some("7".into()),
                 labels: Some([("nvidia.com/gpu.present".to_string(), "true".to_string())].into()),
+                annotations: Some(
+                    [(
+                        upgrade::SAFE_LOAD_ANNOTATION.to_string(),
+                        "true".to_string(),
+                    )]
+                    .into(),
+                ),
                 ..ObjectMeta::default()
             },
             spec: Some(NodeSpec {
@@ -361,15 +404,29 @@ mod tests {
                     time_added: None,
                     ..taint("dedicated", "NoSchedule")
                 }]),
+                unschedulable: Some(true),
                 ..NodeSpec::default()
             }),
-            status: None,
+            status: Some(NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..NodeCondition::default()
+                }]),
+                ..NodeStatus::default()
+            }),
         };
         assert_eq!(n, expected);
-        let mut untainted = full_node(None);
-        strip_node(&mut untainted);
-        assert_eq!(untainted.spec, None);
-        assert_eq!(untainted.status, None::<NodeStatus>);
+        let mut plain = full_node(None);
+        if let Some(spec) = plain.spec.as_mut() {
+            spec.unschedulable = Some(false);
+        }
+        plain.metadata.annotations = None;
+        plain.status = None;
+        strip_node(&mut plain);
+        assert_eq!(plain.spec, None);
+        assert_eq!(plain.status, None::<NodeStatus>);
+        assert_eq!(plain.metadata.annotations, None);
     }
 
     #[test]

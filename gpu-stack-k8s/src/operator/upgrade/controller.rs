@@ -1,30 +1,35 @@
 //! The upgrade loop of the operator process: one pass when the ClusterPolicy
-//! or a driver DaemonSet changes, soon again while nodes are mid-upgrade,
-//! and every two minutes regardless (NVIDIA's planned requeue).
+//! or a driver DaemonSet or revision changes, soon again while nodes are
+//! mid-upgrade, and every two minutes regardless (NVIDIA's planned requeue).
+//! A pass reads the watch caches ([`UpgradeStores`]); its only reads of the
+//! API server are the pods of the few nodes whose step looks at them.
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::stream::BoxStream;
 use futures::{StreamExt, stream};
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
 use gpu_stack_core::operator::upgrade::{
     NodeObservation, PassOptions, STATE_LABEL, STATE_START_TIME_ANNOTATION, UpgradeGroup,
-    UpgradePlan, UpgradePolicy, UpgradeState, VALIDATOR_POD_SELECTOR, plan_groups, stuck_in_groups,
+    UpgradePlan, UpgradePolicy, UpgradeState, plan_groups, stuck_in_groups,
 };
-use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
+use tokio::sync::Notify;
 
 use super::apply::{NodeWork, node_work};
 use super::observe::{
     ObserveError, PodSelectors, daemonset_revisions, needs_node_pods, observe_nodes, sort_node_pods,
 };
-use super::{DRIVER_SELECTOR, FIELD_MANAGER, UpgradeError, upgrade_status};
+use super::watches::UpgradeStores;
+use super::{FIELD_MANAGER, UpgradeError, upgrade_status};
 use crate::operator::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
 use crate::operator::controller::events::{Announced, Decision, EventPublisher, Severity};
+use crate::operator::controller::node_writes::NodeWriteFence;
 use crate::operator::desired::active_policy;
 use crate::operator::metrics::OperatorMetrics;
 use crate::operator::nvidiadriver::NvidiaDriver;
@@ -41,8 +46,10 @@ pub const CHANGED_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEBOUNCE: Duration = Duration::from_millis(300);
 /// Nodes written at once.
 pub const WRITE_CONCURRENCY: usize = 8;
-/// Page size of the node list.
-pub const NODE_PAGE: u32 = 500;
+/// How long a pass waits for the node cache to show this controller's own
+/// node writes: a pass that decided from older labels could hand out an
+/// upgrade slot the previous pass already gave.
+pub const NODE_WRITES_CATCH_UP: Duration = Duration::from_secs(10);
 
 /// Settings of the upgrade loop.
 #[derive(Debug, Clone)]
@@ -68,7 +75,8 @@ pub struct PassSummary {
     pub driver_pods_deleted: usize,
     /// Nodes that are between `upgrade-required` and done.
     pub busy: bool,
-    /// API read requests the pass made.
+    /// API read requests the pass made (the caches answer everything but
+    /// the pods of nodes whose step looks at them).
     pub reads: usize,
 }
 
@@ -88,6 +96,8 @@ impl PassSummary {
 /// The upgrade controller over a live cluster.
 pub struct UpgradeController {
     client: Client,
+    stores: UpgradeStores,
+    node_writes: NodeWriteFence,
     settings: UpgradeSettings,
     metrics: OperatorMetrics,
     events: EventPublisher,
@@ -105,15 +115,19 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
 }
 
 impl UpgradeController {
-    /// The controller for operands in `settings.namespace`.
+    /// The controller for operands in `settings.namespace`, reading `stores`
+    /// (started with [`UpgradeStores::start`] for that namespace).
     pub fn new(
         client: Client,
+        stores: UpgradeStores,
         settings: UpgradeSettings,
         metrics: OperatorMetrics,
         events: EventPublisher,
     ) -> Self {
         Self {
             client,
+            node_writes: NodeWriteFence::new(stores.nodes.clone()),
+            stores,
             settings,
             metrics,
             events,
@@ -139,40 +153,26 @@ impl UpgradeController {
             })
     }
 
-    async fn list_nodes(
-        &self,
-        params: ListParams,
-        reads: &mut usize,
-    ) -> Result<Vec<Node>, UpgradeError> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        let mut out = Vec::new();
-        let mut params = params.limit(NODE_PAGE);
-        loop {
-            *reads += 1;
-            let page = api
-                .list(&params)
-                .await
-                .map_err(|source| UpgradeError::Api {
-                    during: "listing nodes".into(),
-                    source,
-                })?;
-            out.extend(page.items);
-            match page.metadata.continue_ {
-                Some(c) if !c.is_empty() => params = params.continue_token(&c),
-                _ => break,
-            }
-        }
-        Ok(out)
-    }
-
-    /// One pass: read, plan, write.
+    /// One pass: read the caches, plan, write.
     pub async fn pass(&mut self) -> Result<PassSummary, UpgradeError> {
         let mut summary = PassSummary::default();
-        let policies: Api<ClusterPolicy> = Api::all(self.client.clone());
-        let all = self
-            .list(&policies, &ListParams::default(), "ClusterPolicies")
-            .await?;
-        summary.reads += 1;
+        self.stores.wait_until_synced().await?;
+        let unseen = self.node_writes.catch_up(NODE_WRITES_CATCH_UP).await;
+        if unseen > 0 {
+            tracing::warn!(
+                nodes = unseen,
+                "the node watch has not shown the upgrade controller's own writes after {}s; \
+                 reading the node cache as it is",
+                NODE_WRITES_CATCH_UP.as_secs()
+            );
+        }
+        let all: Vec<ClusterPolicy> = self
+            .stores
+            .policies
+            .state()
+            .iter()
+            .map(|p| ClusterPolicy::clone(p))
+            .collect();
         let Some(policy) = active_policy(&all).cloned() else {
             self.clear_labels(&mut summary).await?;
             self.metrics.driver_auto_upgrade_enabled.set(0);
@@ -191,33 +191,10 @@ impl UpgradeController {
             self.write_status(&policy, None).await?;
             return Ok(summary);
         }
-        let ns = &self.settings.namespace;
-        let driver = ListParams::default().labels(DRIVER_SELECTOR);
-        let sets: Vec<DaemonSet> = self
-            .list(
-                &Api::namespaced(self.client.clone(), ns),
-                &driver,
-                "driver DaemonSets",
-            )
-            .await?;
-        let revisions: Vec<ControllerRevision> = self
-            .list(
-                &Api::namespaced(self.client.clone(), ns),
-                &driver,
-                "driver ControllerRevisions",
-            )
-            .await?;
-        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let driver_pods = self.list(&pods_api, &driver, "driver pods").await?;
-        let validators = self
-            .list(
-                &pods_api,
-                &ListParams::default().labels(VALIDATOR_POD_SELECTOR),
-                "validator pods",
-            )
-            .await?;
-        summary.reads += 4;
-        let revisions = match daemonset_revisions(&sets, &revisions) {
+        let revisions = match daemonset_revisions(
+            &self.stores.daemonsets.state(),
+            &self.stores.revisions.state(),
+        ) {
             Ok(r) => r,
             Err(e @ ObserveError::DaemonSetNotObserved { .. }) => {
                 tracing::debug!(%e, "upgrade pass deferred");
@@ -226,9 +203,9 @@ impl UpgradeController {
             }
             Err(e) => return Err(e.into()),
         };
-        let nodes = self
-            .list_nodes(ListParams::default(), &mut summary.reads)
-            .await?;
+        let nodes = self.stores.nodes.state();
+        let driver_pods = self.stores.driver_pods.state();
+        let validators = self.stores.validator_pods.state();
         let observed = observe_nodes(&nodes, &revisions, &driver_pods, &validators);
         for (node, why) in &observed.skipped {
             tracing::warn!(%node, %why, "node left out of the upgrade pass");
@@ -364,12 +341,8 @@ impl UpgradeController {
     async fn apply_node(&self, w: NodeWork) -> NodeOutcome {
         let mut out = NodeOutcome::default();
         if let Some(patch) = &w.patch {
-            let nodes: Api<Node> = Api::all(self.client.clone());
-            match nodes
-                .patch(&w.node, &PatchParams::default(), &Patch::Merge(patch))
-                .await
-            {
-                Ok(_) => out.patched = true,
+            match self.patch_node(&w.node, patch).await {
+                Ok(()) => out.patched = true,
                 Err(error) => {
                     // The pod work follows the state written; without it, wait.
                     tracing::warn!(node = %w.node, %error, "cannot patch node for the driver upgrade; retried next pass");
@@ -407,36 +380,41 @@ impl UpgradeController {
     /// autoUpgrade off or no policy: remove the state label (and the state
     /// time) from every node that has it, as NVIDIA does.
     async fn clear_labels(&self, summary: &mut PassSummary) -> Result<(), UpgradeError> {
-        let labelled = self
-            .list_nodes(
-                ListParams::default().labels(STATE_LABEL),
-                &mut summary.reads,
-            )
-            .await?;
+        let labelled: Vec<String> = self
+            .stores
+            .nodes
+            .state()
+            .iter()
+            .filter(|n| n.labels().contains_key(STATE_LABEL))
+            .map(|n| n.name_any())
+            .collect();
         let patch = json!({"metadata": {
             "labels": {STATE_LABEL: null},
             "annotations": {STATE_START_TIME_ANNOTATION: null},
         }});
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        for n in labelled {
-            match nodes
-                .patch(
-                    &n.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-            {
-                Ok(_) => summary.patched += 1,
+        for name in labelled {
+            match self.patch_node(&name, &patch).await {
+                Ok(()) => summary.patched += 1,
                 Err(e) if is_status(&e, 404) => {}
                 Err(source) => {
                     return Err(UpgradeError::Api {
-                        during: format!("removing {STATE_LABEL} from node {}", n.name_any()),
+                        during: format!("removing {STATE_LABEL} from node {name}"),
                         source,
                     });
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A merge patch of a node, recorded so the next pass waits for the
+    /// node cache to show it.
+    async fn patch_node(&self, name: &str, patch: &serde_json::Value) -> Result<(), kube::Error> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        self.node_writes.wrote(name, patch);
         Ok(())
     }
 
@@ -568,40 +546,34 @@ struct NodeOutcome {
     deleted: usize,
 }
 
-/// Runs the upgrade loop until `shutdown` resolves. Failed passes are logged
-/// and retried after [`BUSY_INTERVAL`].
+/// Runs the upgrade loop until `shutdown` resolves; `triggers` is the
+/// stream [`UpgradeStores::start`] returned with the controller's stores.
+/// Failed passes are logged and retried after [`BUSY_INTERVAL`].
 pub async fn run_upgrades(
     mut controller: UpgradeController,
+    mut triggers: BoxStream<'static, ()>,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let client = controller.client.clone();
-    let policies = watcher(
-        Api::<ClusterPolicy>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects()
-    .map(|_| ());
-    let sets = watcher(
-        Api::<DaemonSet>::namespaced(client, &controller.settings.namespace),
-        watcher::Config::default().labels(DRIVER_SELECTOR),
-    )
-    .default_backoff()
-    .touched_objects()
-    .map(|_| ());
-    let mut triggers = stream::select(policies, sets).boxed();
+    // The watches feed the stores only while their stream is polled, and a
+    // pass waits for them: a task of its own polls it, whatever the loop
+    // does, and wakes the loop (one stored wake-up gathers a burst).
+    let wake = Arc::new(Notify::new());
+    let feeder = tokio::spawn({
+        let wake = wake.clone();
+        async move {
+            while triggers.next().await.is_some() {
+                wake.notify_one();
+            }
+        }
+    });
     tokio::pin!(shutdown);
     let mut next = Duration::ZERO;
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            t = triggers.next() => {
-                if t.is_none() {
-                    break;
-                }
+            () = wake.notified() => {
                 // Gather the burst.
                 tokio::time::sleep(DEBOUNCE).await;
-                while let Some(Some(_)) = futures::FutureExt::now_or_never(triggers.next()) {}
             }
             () = tokio::time::sleep(next) => {}
         }
@@ -628,4 +600,5 @@ pub async fn run_upgrades(
             }
         };
     }
+    feeder.abort();
 }

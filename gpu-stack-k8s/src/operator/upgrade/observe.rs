@@ -2,6 +2,7 @@
 //! lists: nodes, the driver DaemonSets and their ControllerRevisions, the
 //! driver and validator pods, and the pods of the nodes whose state looks at
 //! their workload.
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_stack_core::operator::upgrade::{
@@ -51,12 +52,17 @@ pub enum ObserveError {
 /// pods created from it carry. A DaemonSet whose status has not observed its
 /// generation may not have its newest revision yet: that is an error, and
 /// the pass is retried shortly.
-pub fn daemonset_revisions(
-    sets: &[DaemonSet],
-    revisions: &[ControllerRevision],
-) -> Result<BTreeMap<String, String>, ObserveError> {
+pub fn daemonset_revisions<D, R>(
+    sets: &[D],
+    revisions: &[R],
+) -> Result<BTreeMap<String, String>, ObserveError>
+where
+    D: Borrow<DaemonSet>,
+    R: Borrow<ControllerRevision>,
+{
     let mut out = BTreeMap::new();
     for ds in sets {
+        let ds = ds.borrow();
         let Some(uid) = ds.uid() else { continue };
         let generation = ds.metadata.generation.unwrap_or(0);
         let observed = ds
@@ -72,7 +78,8 @@ pub fn daemonset_revisions(
         }
         let newest = revisions
             .iter()
-            .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
+            .map(Borrow::borrow)
+            .filter(|r: &&ControllerRevision| r.owner_references().iter().any(|o| o.uid == uid))
             .max_by_key(|r| r.revision)
             .and_then(|r| r.labels().get(REVISION_HASH_LABEL).cloned());
         if let Some(hash) = newest {
@@ -119,9 +126,10 @@ fn node_of(pod: &Pod) -> Option<&str> {
 /// The driver pod of each node: its pod that is not terminating if there is
 /// one (a replacement may already run next to the old one), else the
 /// terminating one.
-fn driver_pods_by_node(pods: &[Pod]) -> BTreeMap<&str, &Pod> {
+fn driver_pods_by_node<P: Borrow<Pod>>(pods: &[P]) -> BTreeMap<&str, &Pod> {
     let mut out: BTreeMap<&str, &Pod> = BTreeMap::new();
     for pod in pods {
+        let pod = pod.borrow();
         let Some(node) = node_of(pod) else { continue };
         let live = pod.metadata.deletion_timestamp.is_none();
         match out.get(node) {
@@ -333,21 +341,27 @@ pub struct Observed {
 /// Observations of every node that runs a pod of a driver DaemonSet, and
 /// of every node mid-upgrade whose driver pod is being replaced, without
 /// their workload pods (see [`needs_node_pods`] and [`sort_node_pods`]).
-pub fn observe_nodes(
-    nodes: &[Node],
+pub fn observe_nodes<N, P>(
+    nodes: &[N],
     revisions: &BTreeMap<String, String>,
-    driver_pods: &[Pod],
-    validator_pods: &[Pod],
-) -> Observed {
+    driver_pods: &[P],
+    validator_pods: &[P],
+) -> Observed
+where
+    N: Borrow<Node>,
+    P: Borrow<Pod>,
+{
     let by_node = driver_pods_by_node(driver_pods);
     let mut validators: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
     for p in validator_pods {
+        let p = p.borrow();
         if let Some(n) = node_of(p) {
             validators.entry(n).or_default().push(p);
         }
     }
     let mut out = Observed::default();
     for p in driver_pods {
+        let p = p.borrow();
         if let Some(n) = node_of(p) {
             out.driver_pods
                 .entry(n.to_string())
@@ -357,6 +371,7 @@ pub fn observe_nodes(
     }
     let empty = BTreeMap::new();
     for node in nodes {
+        let node = node.borrow();
         let name = node.name_any();
         let pod = by_node.get(name.as_str());
         let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
@@ -432,7 +447,7 @@ mod missing_pod_tests {
             node("done", Some("upgrade-done"), false),
             node("cpu", None, false),
         ];
-        let observed = observe_nodes(&nodes, &BTreeMap::new(), &[], &[]);
+        let observed = observe_nodes::<_, Pod>(&nodes, &BTreeMap::new(), &[], &[]);
         let names: Vec<&str> = observed.nodes.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["restarting"]);
         let n = &observed.nodes[0];

@@ -1,0 +1,189 @@
+//! The operator's own node writes, until the node watch shows them.
+//!
+//! Both the reconcile pass and the upgrade controller read nodes from the
+//! watch cache ([`NodeStore`]) and patch them. A pass that read a node older
+//! than its own last patch would decide again from stale labels: patch the
+//! same labels twice or, in the upgrade flow, hand out an upgrade slot the
+//! previous pass already gave. So each writer records the merge patch it
+//! sent, and the next pass first waits (bounded) until the cached node
+//! shows it. The check is on content, not resource versions: a cache that
+//! lags moves through older versions (status heartbeats) before it reaches
+//! the patch, and versions may not be ordered by clients.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpu_stack_core::operator::upgrade;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::ObjectRef;
+use serde_json::Value;
+
+use super::watches::NodeStore;
+
+/// How often the node cache is checked while waiting for it to catch up.
+const CATCH_UP_POLL: Duration = Duration::from_millis(20);
+
+/// Nodes one writer patched whose change the node watch has not delivered
+/// yet, each with the merge patch sent.
+#[derive(Clone)]
+pub struct NodeWriteFence {
+    nodes: NodeStore,
+    unseen: Arc<Mutex<HashMap<String, Value>>>,
+}
+
+/// Whether `node` shows a merge `patch` of its labels, its annotations of
+/// the upgrade flow (the only ones the cache keeps) and
+/// `spec.unschedulable`: what the operator writes and reads back.
+pub fn shows(node: &Node, patch: &Value) -> bool {
+    let meta = &node.metadata;
+    let matches = |map: Option<&std::collections::BTreeMap<String, String>>,
+                   wanted: &Value,
+                   kept: &dyn Fn(&str) -> bool| {
+        wanted.as_object().is_none_or(|wanted| {
+            wanted
+                .iter()
+                .filter(|(k, _)| kept(k))
+                .all(|(k, v)| map.and_then(|m| m.get(k)).map(String::as_str) == v.as_str())
+        })
+    };
+    let patched = &patch["metadata"];
+    let unschedulable = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    matches(meta.labels.as_ref(), &patched["labels"], &|_| true)
+        && matches(meta.annotations.as_ref(), &patched["annotations"], &|k| {
+            k.starts_with(upgrade::ANNOTATION_PREFIX)
+        })
+        && patch["spec"]["unschedulable"]
+            .as_bool()
+            .is_none_or(|u| u == unschedulable)
+}
+
+impl NodeWriteFence {
+    /// A fence over the shared node cache.
+    pub fn new(nodes: NodeStore) -> Self {
+        Self {
+            nodes,
+            unseen: Arc::default(),
+        }
+    }
+
+    /// Records a merge patch of `node` the API server accepted.
+    pub fn wrote(&self, node: &str, patch: &Value) {
+        if let Ok(mut unseen) = self.unseen.lock() {
+            unseen.insert(node.to_string(), patch.clone());
+        }
+    }
+
+    /// Waits at most `limit` until the node cache shows every recorded patch
+    /// (or the node is gone). Returns how many were still unseen when the
+    /// wait gave up (then forgotten, so one lost event or someone else's
+    /// later change cannot stall every later pass).
+    pub async fn catch_up(&self, limit: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let pending = match self.unseen.lock() {
+                Ok(mut unseen) => {
+                    unseen.retain(|node, patch| {
+                        self.nodes
+                            .get(&ObjectRef::new(node))
+                            .is_some_and(|n| !shows(&n, patch))
+                    });
+                    unseen.len()
+                }
+                Err(_) => 0,
+            };
+            if pending == 0 {
+                return 0;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                if let Ok(mut unseen) = self.unseen.lock() {
+                    unseen.clear();
+                }
+                return pending;
+            }
+            tokio::time::sleep(CATCH_UP_POLL).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeSpec;
+    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    fn node(name: &str, version: &str) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.resource_version = Some(version.into());
+        n
+    }
+
+    fn cache(nodes: &[Node]) -> (NodeStore, Writer<Node>) {
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&Event::Init);
+        for n in nodes {
+            writer.apply_watcher_event(&Event::InitApply(n.clone()));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        (store, writer)
+    }
+
+    #[tokio::test]
+    async fn a_write_is_pending_until_the_cached_node_shows_it() {
+        let (store, mut writer) = cache(&[node("a", "1"), node("b", "1")]);
+        let fence = NodeWriteFence::new(store);
+        let cordon = json!({
+            "metadata": {"labels": {"s": "cordon-required"}},
+            "spec": {"unschedulable": true},
+        });
+        fence.wrote("a", &cordon);
+        // A patch the cache already shows: nothing to wait for.
+        fence.wrote("b", &json!({"metadata": {"labels": {"gone": null}}}));
+        assert_eq!(fence.catch_up(Duration::ZERO).await, 1);
+        // Given up: forgotten, the next pass does not wait again.
+        assert_eq!(fence.catch_up(Duration::ZERO).await, 0);
+
+        fence.wrote("a", &cordon);
+        // An older change (a heartbeat) moves the version, not the content.
+        writer.apply_watcher_event(&Event::Apply(node("a", "2")));
+        assert_eq!(fence.catch_up(Duration::ZERO).await, 1);
+        fence.wrote("a", &cordon);
+        let mut patched = node("a", "3");
+        patched.metadata.labels = Some([("s".to_string(), "cordon-required".to_string())].into());
+        patched.spec = Some(NodeSpec {
+            unschedulable: Some(true),
+            ..NodeSpec::default()
+        });
+        writer.apply_watcher_event(&Event::Apply(patched));
+        assert_eq!(fence.catch_up(Duration::from_secs(1)).await, 0);
+    }
+
+    #[test]
+    fn shows_reads_labels_upgrade_annotations_and_unschedulable() {
+        let mut n = node("a", "1");
+        n.metadata.labels = Some([("l".to_string(), "v".to_string())].into());
+        let safe_load = upgrade::SAFE_LOAD_ANNOTATION;
+        assert!(shows(
+            &n,
+            &json!({"metadata": {"labels": {"l": "v", "x": null}}})
+        ));
+        assert!(!shows(&n, &json!({"metadata": {"labels": {"l": null}}})));
+        assert!(!shows(
+            &n,
+            &json!({"metadata": {"annotations": {safe_load: "true"}}})
+        ));
+        // Other annotations are not cached, so not waited for.
+        assert!(shows(
+            &n,
+            &json!({"metadata": {"annotations": {"other": "1"}}})
+        ));
+        assert!(shows(&n, &json!({"spec": {"unschedulable": false}})));
+        assert!(!shows(&n, &json!({"spec": {"unschedulable": true}})));
+    }
+}
