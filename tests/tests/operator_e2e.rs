@@ -788,28 +788,34 @@ const CLUSTER_PROCESSES: [&str; 5] = [
 /// its kubeconfig (0 for a process it does not run).
 fn cluster_cpu_seconds(kubeconfig: &Path) -> [f64; 5] {
     let pids = kubeconfig.parent().map(|d| d.join("pids"));
-    // Clock ticks per second: 100 on every Linux this runs on (USER_HZ).
-    let ticks = |name: &str| -> f64 {
+    let seconds = |name: &str| -> f64 {
         let Some(dir) = &pids else { return 0.0 };
-        let Ok(pid) = std::fs::read_to_string(dir.join(format!("{name}.pid"))) else {
-            return 0.0;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) else {
-            return 0.0;
-        };
-        // Fields after the command name (which may hold spaces): utime is
-        // the 14th field of the line, stime the 15th.
-        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let field = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        (field(11) + field(12)) / 100.0
+        std::fs::read_to_string(dir.join(format!("{name}.pid")))
+            .ok()
+            .and_then(|pid| pid.trim().parse().ok())
+            .map_or(0.0, process_cpu_seconds)
     };
-    CLUSTER_PROCESSES.map(ticks)
+    CLUSTER_PROCESSES.map(seconds)
+}
+
+/// CPU time (user + system, seconds) a process has used so far; 0 when it
+/// is gone.
+fn process_cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces): utime is the
+    // 14th field of the line, stime the 15th. Clock ticks per second: 100 on
+    // every Linux this runs on (USER_HZ).
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field(11) + field(12)) / 100.0
 }
 
 /// Index of kwok in [`CLUSTER_PROCESSES`]: the processes before it are the
@@ -851,6 +857,31 @@ async fn metric_sum(replica: &Replica, name: &str) -> f64 {
         .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// Requests the replica issued, by `verb resource`, largest first.
+async fn requests_by_kind(replica: &Replica) -> Vec<(String, f64)> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for line in metrics_page(replica).await.lines() {
+        let Some(labels) = line.strip_prefix("gpu_stack_operator_api_requests_total{") else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
+                .and_then(|v| v.split('"').next())
+                .unwrap_or("-")
+                .to_string()
+        };
+        if let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+            *out.entry(format!("{} {}", label("verb"), label("resource")))
+                .or_default() += value;
+        }
+    }
+    let mut out: Vec<(String, f64)> = out.into_iter().filter(|(_, v)| *v > 0.0).collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    out
 }
 
 /// Write requests the replica issued, by resource.
@@ -1058,6 +1089,9 @@ async fn floor(
     Ok((floor, note))
 }
 
+/// How long the bench watches an idle operator's requests.
+const IDLE_WINDOW: Duration = Duration::from_secs(60);
+
 /// 1,000-node benchmark (run by `scripts/bench-operator.sh`, not by default):
 /// the control-plane floor (a plain DaemonSet to every node) against the
 /// operator (ClusterPolicy creation to status ready with every device-plugin
@@ -1102,46 +1136,58 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     // timed to the same end (every DaemonSet reporting a ready pod on every
     // node); once with plain pods, once with the operator's own pods.
     // GPU_STACK_BENCH_POLICY: the ClusterPolicy spec to roll out, as JSON.
+    // The default is what users get: both charts turn the driver and its
+    // automatic upgrades on.
     let spec: serde_json::Value = match std::env::var("GPU_STACK_BENCH_POLICY") {
         Ok(json) => serde_json::from_str(&json).context("GPU_STACK_BENCH_POLICY is not JSON")?,
-        Err(_) => serde_json::json!({"driver": {"enabled": true}}),
+        Err(_) => {
+            serde_json::json!({"driver": {"enabled": true, "upgradePolicy": {"autoUpgrade": true}}})
+        }
     };
+    // GPU_STACK_BENCH_FLOORS=0: the operator alone (at 5,000 nodes the
+    // floors would take most of the run).
+    let floors = std::env::var("GPU_STACK_BENCH_FLOORS").as_deref() != Ok("0");
     println!("bench: policy spec {spec}");
     let operands = operand_daemonsets(&spec, &fleet)?;
     let n = operands.len();
-    // The first rollout after the nodes join also pays for their start
-    // (heartbeats, leases, controllers' first look at each node): a warm-up
-    // round, reported and left out of the comparison.
-    let (warm_up, note) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
-    println!("bench: warm-up floor (not counted): {warm_up:.1}s; {note}");
-    let (plain_before, note) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
-    println!(
-        "bench: control-plane floor ({n} plain DaemonSets ready on {count} nodes): {plain_before:.1}s; {note}"
-    );
-    // With the node agent, one more floor: plain DaemonSets as many as the
-    // same policy runs without it (a DaemonSet per component, NVIDIA's
-    // layout), the leanest the control plane deploys that stack in.
     let mut separate = spec.clone();
     if let Some(s) = separate.as_object_mut() {
         s.remove("nodeAgent");
     }
     let stack = operand_daemonsets(&separate, &fleet)?;
-    let stack_before = if stack.len() == n {
-        None
-    } else {
-        let (secs, note) = floor(&cluster, FloorPods::Plain, &stack, count).await?;
+    let mut before = None;
+    if floors {
+        // The first rollout after the nodes join also pays for their start
+        // (heartbeats, leases, controllers' first look at each node): a
+        // warm-up round, reported and left out of the comparison.
+        let (warm_up, note) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
+        println!("bench: warm-up floor (not counted): {warm_up:.1}s; {note}");
+        let (plain_before, note) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
         println!(
-            "bench: stack floor ({} plain DaemonSets, one per component without the node agent): {secs:.1}s; {note}",
-            stack.len()
+            "bench: control-plane floor ({n} plain DaemonSets ready on {count} nodes): {plain_before:.1}s; {note}"
         );
-        Some(secs)
-    };
-    // Right before the operator, as in the runs before the stack floor
-    // existed: its 6,000 deleted pods are not what the rollout follows.
-    let (same_before, note) = floor(&cluster, FloorPods::Operands, &operands, count).await?;
-    println!(
-        "bench: same-pods floor (the operator's {n} DaemonSets, applied directly): {same_before:.1}s; {note}"
-    );
+        // With the node agent, one more floor: plain DaemonSets as many as
+        // the same policy runs without it (a DaemonSet per component,
+        // NVIDIA's layout), the leanest the control plane deploys that
+        // stack in.
+        let stack_before = if stack.len() == n {
+            None
+        } else {
+            let (secs, note) = floor(&cluster, FloorPods::Plain, &stack, count).await?;
+            println!(
+                "bench: stack floor ({} plain DaemonSets, one per component without the node agent): {secs:.1}s; {note}",
+                stack.len()
+            );
+            Some(secs)
+        };
+        // Right before the operator, as in the runs before the stack floor
+        // existed: its 6,000 deleted pods are not what the rollout follows.
+        let (same_before, note) = floor(&cluster, FloorPods::Operands, &operands, count).await?;
+        println!(
+            "bench: same-pods floor (the operator's {n} DaemonSets, applied directly): {same_before:.1}s; {note}"
+        );
+        before = Some((plain_before, stack_before, same_before));
+    }
 
     let op = Replica::start(&bin, &kubeconfig, &namespace, "bench", free_port()?)?;
     wait_for("operator leads", LONG, || async {
@@ -1149,6 +1195,7 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     })
     .await?;
     let cpu_before = cluster_cpu_seconds(cluster.kubeconfig());
+    let op_cpu_before = process_cpu_seconds(op.child.id());
     let t = std::time::Instant::now();
     apply_policy(&admin, "cluster-policy", spec.clone()).await?;
     wait_for("ClusterPolicy ready", Duration::from_secs(900), || async {
@@ -1172,11 +1219,12 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     .await?;
     let pods = t.elapsed().as_secs_f64();
     let cpu_after = cluster_cpu_seconds(cluster.kubeconfig());
+    let op_cpu = process_cpu_seconds(op.child.id()) - op_cpu_before;
     println!(
         "bench: operator ClusterPolicy -> status ready: {ready:.1}s; -> device-plugin Running on {count} nodes: {pods:.1}s"
     );
     println!(
-        "bench: CPU during the rollout: {}",
+        "bench: CPU during the rollout: {}; operator {op_cpu:.2} CPU-s",
         CpuUsed::between(cpu_before, cpu_after)
     );
     // GPU_STACK_BENCH_DUMP_DIR: one operand pod of each DaemonSet, to read.
@@ -1202,6 +1250,12 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     println!(
         "bench: operator API requests to converge: {requests} in {passes} passes; writes by resource: {writes:?}"
     );
+    let kinds: Vec<String> = requests_by_kind(&op)
+        .await
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    println!("bench: operator API requests by kind: {}", kinds.join(", "));
 
     // Resync with nothing to change: an unrelated label on one node triggers
     // a pass, which may not write anything.
@@ -1224,9 +1278,35 @@ async fn bench_operator_1000_nodes() -> Result<()> {
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let resync_writes = reconcile_writes(&writes_by_resource(&op).await) - writes_before;
-    let rss = peak_rss_kib(op.child.id()).unwrap_or(0);
     println!("bench: writes on a resync with nothing to change: {resync_writes}");
-    println!("bench: operator peak RSS: {:.1} MiB", rss as f64 / 1024.0);
+    // Idle: a minute with nothing changing (lease renewals, the upgrade
+    // controller's planned requeue, watch restarts).
+    let idle_before = metric_sum(&op, "gpu_stack_operator_api_requests_total").await;
+    let idle_kinds_before = requests_by_kind(&op).await;
+    tokio::time::sleep(IDLE_WINDOW).await;
+    let idle = metric_sum(&op, "gpu_stack_operator_api_requests_total").await - idle_before;
+    let idle_kinds: Vec<String> = requests_by_kind(&op)
+        .await
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let was = idle_kinds_before
+                .iter()
+                .find(|(b, _)| *b == k)
+                .map_or(0.0, |(_, v)| *v);
+            (v > was).then(|| format!("{k} {}", v - was))
+        })
+        .collect();
+    println!(
+        "bench: operator API requests per minute, idle: {:.1} ({})",
+        idle * 60.0 / IDLE_WINDOW.as_secs_f64(),
+        idle_kinds.join(", ")
+    );
+    let rss = peak_rss_kib(op.child.id()).unwrap_or(0);
+    println!(
+        "bench: operator peak RSS: {:.1} MiB ({:.2} KiB per node)",
+        rss as f64 / 1024.0,
+        rss as f64 / count.max(1) as f64
+    );
 
     // The floor again, after the operator's pods are gone: run-to-run spread
     // of the control plane is seconds, so the operator is compared with both.
@@ -1239,28 +1319,30 @@ async fn bench_operator_1000_nodes() -> Result<()> {
         Ok(left.items.is_empty().then_some(()))
     })
     .await?;
-    let (same_after, note) = floor(&cluster, FloorPods::Operands, &operands, count).await?;
-    println!("bench: same-pods floor again: {same_after:.1}s; {note}");
-    let (plain_after, note) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
-    println!("bench: control-plane floor again: {plain_after:.1}s; {note}");
-    let plain = (plain_before + plain_after) / 2.0;
-    let same = (same_before + same_after) / 2.0;
-    println!(
-        "bench: operator ready {ready:.1}s vs mean same-pods floor {same:.1}s: {:+.1}s ({:.2}x); vs mean plain floor {plain:.1}s: {:+.1}s ({:.2}x)",
-        ready - same,
-        ready / same,
-        ready - plain,
-        ready / plain
-    );
-    if let Some(before) = stack_before {
-        let (after, note) = floor(&cluster, FloorPods::Plain, &stack, count).await?;
-        println!("bench: stack floor again: {after:.1}s; {note}");
-        let stack_mean = (before + after) / 2.0;
+    if let Some((plain_before, stack_before, same_before)) = before {
+        let (same_after, note) = floor(&cluster, FloorPods::Operands, &operands, count).await?;
+        println!("bench: same-pods floor again: {same_after:.1}s; {note}");
+        let (plain_after, note) = floor(&cluster, FloorPods::Plain, &operands, count).await?;
+        println!("bench: control-plane floor again: {plain_after:.1}s; {note}");
+        let plain = (plain_before + plain_after) / 2.0;
+        let same = (same_before + same_after) / 2.0;
         println!(
-            "bench: operator ready {ready:.1}s vs mean stack floor {stack_mean:.1}s: {:+.1}s ({:.2}x)",
-            ready - stack_mean,
-            ready / stack_mean
+            "bench: operator ready {ready:.1}s vs mean same-pods floor {same:.1}s: {:+.1}s ({:.2}x); vs mean plain floor {plain:.1}s: {:+.1}s ({:.2}x)",
+            ready - same,
+            ready / same,
+            ready - plain,
+            ready / plain
         );
+        if let Some(before) = stack_before {
+            let (after, note) = floor(&cluster, FloorPods::Plain, &stack, count).await?;
+            println!("bench: stack floor again: {after:.1}s; {note}");
+            let stack_mean = (before + after) / 2.0;
+            println!(
+                "bench: operator ready {ready:.1}s vs mean stack floor {stack_mean:.1}s: {:+.1}s ({:.2}x)",
+                ready - stack_mean,
+                ready / stack_mean
+            );
+        }
     }
 
     cluster.delete_nodes(&names).await?;
