@@ -6,17 +6,17 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpu_stack_core::migmanager::{
-    FAILURE_REASON_ANNOTATION, MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, MigConfigState,
-    PAUSE_RECORD_ANNOTATION, PAUSED_FOR_MIG_CHANGE,
+    FAILURE_REASON_ANNOTATION, MIG_CONFIG_STATE_LABEL, MigConfigState, PAUSE_RECORD_ANNOTATION,
 };
 use gpu_stack_core::migparted::MigPartedConfig;
+use gpu_stack_core::operator::labels::{MIG_CONFIG, PAUSED_FOR_MIG_CHANGE};
 use gpu_stack_k8s::migmanager::{ManagerOptions, MemoryNode, PassResult, reconcile};
 use gpu_stack_nvml::migapply::NoProcesses;
 use gpu_stack_nvml::{SimNodeSpec, SimulatedBackend};
 
 fn start_labels(config: &str) -> BTreeMap<String, String> {
     [
-        (MIG_CONFIG_LABEL, config),
+        (MIG_CONFIG, config),
         ("nvidia.com/gpu.deploy.device-plugin", "true"),
         ("nvidia.com/gpu.deploy.gpu-feature-discovery", "true"),
         ("nvidia.com/gpu.deploy.dcgm-exporter", "false"),
@@ -191,7 +191,7 @@ async fn busy_instance_fails_naming_it_and_pauses_nothing_unless_forced() {
     let before_labels = node.view().labels;
     let writes = node.history().len();
 
-    node.set_label(MIG_CONFIG_LABEL, "all-1g.10gb");
+    node.set_label(MIG_CONFIG, "all-1g.10gb");
     let r = reconcile(&node, &gpus, &cfg, &opts(None), &NoProcesses)
         .await
         .unwrap();
@@ -296,7 +296,7 @@ async fn a_layout_short_of_the_instances_pods_use_is_refused_and_nothing_changes
     assert_eq!(r, PassResult::State(MigConfigState::Success, None));
     // Two pods hold 1g.10gb instances; all-3g.40gb would keep none.
     node.set_mig_in_use(vec![("1g.10gb".parse().unwrap(), 2)]);
-    node.set_label(MIG_CONFIG_LABEL, "all-3g.40gb");
+    node.set_label(MIG_CONFIG, "all-3g.40gb");
     let r = reconcile(&node, &gpus, &cfg, &opts(None), &NoProcesses)
         .await
         .unwrap();
@@ -312,7 +312,7 @@ async fn a_layout_short_of_the_instances_pods_use_is_refused_and_nothing_changes
     let layout = gpu_stack_nvml::migapply::observe(&gpus, &NoProcesses).unwrap();
     assert_eq!(layout[0].layout.len(), 7, "the GPU keeps its seven 1g.10gb");
     // A layout keeping enough goes ahead.
-    node.set_label(MIG_CONFIG_LABEL, "all-balanced");
+    node.set_label(MIG_CONFIG, "all-balanced");
     let r = reconcile(&node, &gpus, &cfg, &opts(None), &NoProcesses)
         .await
         .unwrap();

@@ -10,8 +10,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// Label naming the selected mig-parted config (written by people or the operator).
-pub const MIG_CONFIG_LABEL: &str = "nvidia.com/mig.config";
+use crate::operator::components::DEPLOY_PREFIX;
+use crate::operator::labels::PAUSED_FOR_MIG_CHANGE;
+
 /// Label where the manager reports progress, with NVIDIA's values.
 pub const MIG_CONFIG_STATE_LABEL: &str = "nvidia.com/mig.config.state";
 /// Annotation holding the reason of the last `failed` state, for people.
@@ -19,10 +20,6 @@ pub const FAILURE_REASON_ANNOTATION: &str = "gpu-stack/mig-manager.failure-reaso
 /// Annotation holding the [`PauseRecord`] while GPU clients are paused, so a
 /// restarted manager knows exactly what to restore.
 pub const PAUSE_RECORD_ANNOTATION: &str = "gpu-stack/mig-manager.paused-labels";
-/// Value a deploy label takes while the MIG manager keeps its component off the node.
-pub const PAUSED_FOR_MIG_CHANGE: &str = "paused-for-mig-change";
-/// Prefix of the operator's per-component deploy labels.
-pub const DEPLOY_LABEL_PREFIX: &str = "nvidia.com/gpu.deploy.";
 
 /// The GPU clients the manager pauses, as NVIDIA's mig-manager does: each is a
 /// deploy label and the `app` label of the pods it controls (empty when the
@@ -265,7 +262,7 @@ pub fn plan_restore(
 pub fn any_paused(labels: &BTreeMap<String, String>) -> bool {
     labels
         .iter()
-        .any(|(k, v)| k.starts_with(DEPLOY_LABEL_PREFIX) && v == PAUSED_FOR_MIG_CHANGE)
+        .any(|(k, v)| k.starts_with(DEPLOY_PREFIX) && v == PAUSED_FOR_MIG_CHANGE)
 }
 
 #[cfg(test)]

@@ -8,9 +8,8 @@ pub mod plan;
 pub mod target;
 
 pub use labels::{
-    FAILURE_REASON_ANNOTATION, GPU_CLIENTS, GpuClient, LabelEdits, MIG_CONFIG_LABEL,
-    MIG_CONFIG_STATE_LABEL, MigConfigState, PAUSE_RECORD_ANNOTATION, PAUSED_FOR_MIG_CHANGE,
-    PauseRecord, plan_pause, plan_restore,
+    FAILURE_REASON_ANNOTATION, GPU_CLIENTS, GpuClient, LabelEdits, MIG_CONFIG_STATE_LABEL,
+    MigConfigState, PAUSE_RECORD_ANNOTATION, PauseRecord, plan_pause, plan_restore,
 };
 pub use plan::{
     BusyInstance, GpuPlan, MigMode, ObservedCi, ObservedGi, ObservedGpu, Step, TargetGi, TargetGpu,

@@ -27,9 +27,10 @@ use gpu_stack_core::gfd::{self, GfdContext};
 use gpu_stack_core::metrics::{
     Attributions, CounterSet, Format, GpuRound, RenderOptions, gpu_samples, render,
 };
-use gpu_stack_core::migmanager::{LabelEdits, MIG_CONFIG_LABEL, MigConfigState};
+use gpu_stack_core::migmanager::{LabelEdits, MigConfigState};
 use gpu_stack_core::migparted::MigPartedConfig;
 use gpu_stack_core::operator::components::Component;
+use gpu_stack_core::operator::labels::MIG_CONFIG;
 use gpu_stack_nvml::migapply::{self, NoProcesses};
 use gpu_stack_nvml::{SimClock, SimNodeSpec, SimulatedBackend};
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
@@ -295,10 +296,7 @@ async fn run_mig_manager(
     node: &DemoNode,
     settings: &AgentSettings,
 ) -> Result<Option<ManagerReport>, DemoError> {
-    let Some(config) = node_labels(cluster, &node.name)?
-        .get(MIG_CONFIG_LABEL)
-        .cloned()
-    else {
+    let Some(config) = node_labels(cluster, &node.name)?.get(MIG_CONFIG).cloned() else {
         return Ok(None);
     };
     let api = Recording {
@@ -640,7 +638,7 @@ mod tests {
             (name.as_str(), config.as_str()),
             ("hgx-h100-0", "all-1g.10gb")
         );
-        let patch = [(MIG_CONFIG_LABEL.to_string(), Some(config.clone()))].into();
+        let patch = [(MIG_CONFIG.to_string(), Some(config.clone()))].into();
         block_on(crate::operator::cluster::Cluster::patch_node_labels(
             c, &name, &patch,
         ))
@@ -683,7 +681,7 @@ mod tests {
         let reports = block_on(op.converge(10)).unwrap();
         assert!(reports.iter().all(|p| p.labelled.is_empty()));
         let labels = node(c, &name).metadata.labels.unwrap();
-        assert_eq!(labels[MIG_CONFIG_LABEL], "all-1g.10gb");
+        assert_eq!(labels[MIG_CONFIG], "all-1g.10gb");
         assert_eq!(labels["nvidia.com/gpu.deploy.device-plugin"], "true");
     }
 

@@ -21,8 +21,9 @@ use std::time::Duration;
 use futures::stream::FusedStream;
 use futures::{Stream, StreamExt};
 use gpu_stack_core::backend::GpuBackend;
-use gpu_stack_core::migmanager::{MIG_CONFIG_LABEL, MigConfigState};
+use gpu_stack_core::migmanager::MigConfigState;
 use gpu_stack_core::migparted::MigPartedConfig;
+use gpu_stack_core::operator::labels::MIG_CONFIG;
 use gpu_stack_core::operator::migusage;
 use gpu_stack_nvml::migapply::NoProcesses;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -314,7 +315,7 @@ pub async fn run(
             };
             match result {
                 Ok(PassResult::NoConfig) => {
-                    tracing::info!(node = %node_name, "no {MIG_CONFIG_LABEL} label; nothing to do");
+                    tracing::info!(node = %node_name, "no {MIG_CONFIG} label; nothing to do");
                 }
                 Ok(PassResult::State(state, reason)) => {
                     report(
@@ -423,11 +424,11 @@ fn note_change(
 ) -> bool {
     match change {
         Ok(meta) => {
-            let value = meta.labels().get(MIG_CONFIG_LABEL).cloned();
+            let value = meta.labels().get(MIG_CONFIG).cloned();
             if seen.as_ref() == Some(&value) {
                 return false;
             }
-            tracing::info!(node, selected = ?value, "{MIG_CONFIG_LABEL} changed");
+            tracing::info!(node, selected = ?value, "{MIG_CONFIG} changed");
             *seen = Some(value);
             true
         }
@@ -707,7 +708,7 @@ mod tests {
         });
         let gpu = GpuWorker::new(backend.clone(), Arc::new(NoProcesses));
         let labels: BTreeMap<String, String> = [
-            (MIG_CONFIG_LABEL, "all-1g.10gb"),
+            (MIG_CONFIG, "all-1g.10gb"),
             ("nvidia.com/gpu.deploy.device-plugin", "true"),
         ]
         .into_iter()
@@ -786,7 +787,7 @@ mod tests {
         let backend: Arc<dyn GpuBackend> =
             Arc::new(SimulatedBackend::new(&SimNodeSpec::uniform("n0", "0x233010DE", 2)).unwrap());
         let gpu = GpuWorker::new(backend.clone(), Arc::new(NoProcesses));
-        let labels = [(MIG_CONFIG_LABEL.to_string(), "all-balanced".to_string())].into();
+        let labels = [(MIG_CONFIG.to_string(), "all-balanced".to_string())].into();
         let node = MemoryNode::new(labels);
         let config = MigPartedConfig::default_config().unwrap();
         let shutdown = std::future::pending::<()>();

@@ -29,10 +29,11 @@ use gpu_stack_core::backend::GpuBackend;
 use gpu_stack_core::mig::{Demand, PlacedInstance};
 use gpu_stack_core::migmanager::labels::any_paused;
 use gpu_stack_core::migmanager::{
-    FAILURE_REASON_ANNOTATION, GPU_CLIENTS, LabelEdits, MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL,
-    MigConfigState, PAUSE_RECORD_ANNOTATION, PauseRecord, plan_pause, plan_restore,
+    FAILURE_REASON_ANNOTATION, GPU_CLIENTS, LabelEdits, MIG_CONFIG_STATE_LABEL, MigConfigState,
+    PAUSE_RECORD_ANNOTATION, PauseRecord, plan_pause, plan_restore,
 };
 use gpu_stack_core::migparted::MigPartedConfig;
+use gpu_stack_core::operator::labels::MIG_CONFIG;
 use gpu_stack_core::operator::migusage::first_shortfall;
 use gpu_stack_nvml::migapply::{
     self, ApplyError, ApplyOptions, ApplyOutcome, ApplyReport, NodePlan, ProcessProbe,
@@ -332,7 +333,7 @@ async fn reconcile_with<A: NodeApi, G: PassGpu>(
     opts: &ManagerOptions,
 ) -> Result<PassResult, ManagerError> {
     let node = api.get(&opts.node).await?;
-    let Some(selected) = node.labels.get(MIG_CONFIG_LABEL).cloned() else {
+    let Some(selected) = node.labels.get(MIG_CONFIG).cloned() else {
         return Ok(PassResult::NoConfig);
     };
     let previous = node
