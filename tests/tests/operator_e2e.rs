@@ -19,7 +19,7 @@ use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::chart::{
     OperatorTestEnv, apply_operator_crds, chart_kubeconfig, delete_applied, install_chart_rbac,
 };
-use gpu_stack_e2e::upgrade::force_delete_policy;
+use gpu_stack_e2e::upgrade::{force_delete_policy, parse_api_requests};
 use gpu_stack_e2e::{
     E2eError, GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, unique_suffix, wait_for,
 };
@@ -861,25 +861,11 @@ async fn metric_sum(replica: &Replica, name: &str) -> f64 {
 
 /// Requests the replica issued, by `verb resource`, largest first.
 async fn requests_by_kind(replica: &Replica) -> Vec<(String, f64)> {
-    let mut out: BTreeMap<String, f64> = BTreeMap::new();
-    for line in metrics_page(replica).await.lines() {
-        let Some(labels) = line.strip_prefix("gpu_stack_operator_api_requests_total{") else {
-            continue;
-        };
-        let label = |key: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
-                .and_then(|v| v.split('"').next())
-                .unwrap_or("-")
-                .to_string()
-        };
-        if let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
-            *out.entry(format!("{} {}", label("verb"), label("resource")))
-                .or_default() += value;
-        }
-    }
-    let mut out: Vec<(String, f64)> = out.into_iter().filter(|(_, v)| *v > 0.0).collect();
+    let mut out: Vec<(String, f64)> = parse_api_requests(&metrics_page(replica).await)
+        .into_iter()
+        .filter(|(_, v)| *v > 0.0)
+        .map(|((verb, resource), v)| (format!("{verb} {resource}"), v))
+        .collect();
     out.sort_by(|a, b| b.1.total_cmp(&a.1));
     out
 }
@@ -887,24 +873,9 @@ async fn requests_by_kind(replica: &Replica) -> Vec<(String, f64)> {
 /// Write requests the replica issued, by resource.
 async fn writes_by_resource(replica: &Replica) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in metrics_page(replica).await.lines() {
-        let Some(labels) = line.strip_prefix("gpu_stack_operator_api_requests_total{") else {
-            continue;
-        };
-        let label = |key: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
-                .and_then(|v| v.split('"').next())
-                .map(str::to_string)
-        };
-        let write = matches!(
-            label("verb").as_deref(),
-            Some("create" | "patch" | "update" | "delete")
-        );
-        let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-        if let (true, Some(resource), Some(value)) = (write, label("resource"), value) {
-            *out.entry(resource).or_default() += value;
+    for ((verb, resource), v) in parse_api_requests(&metrics_page(replica).await) {
+        if matches!(verb.as_str(), "create" | "patch" | "update" | "delete") {
+            *out.entry(resource).or_default() += v;
         }
     }
     out
