@@ -46,6 +46,27 @@ use events::{Decision, EventPublisher};
 /// it, and costs no writes when the cluster already matches.
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(300);
 
+/// After a pass that found operands not ready, the next one waits this many
+/// times the pass's own duration (at most [`MAX_PACE`]). While a large
+/// rollout runs its course every change of a DaemonSet's status is a
+/// trigger, and at 5,000 nodes passes ran back to back for minutes; paced,
+/// the operator spends at most about a tenth of its time in passes, and a
+/// rollout's end is seen at most [`MAX_PACE`] later.
+pub const PACE_FACTOR: u32 = 10;
+
+/// The longest pause [`PACE_FACTOR`] imposes.
+pub const MAX_PACE: Duration = Duration::from_secs(5);
+
+/// The pause after a pass that took `took` and reported `status`: none once
+/// the operands are ready (or the pass failed: the error backoff applies).
+pub fn pace_after(took: Duration, status: ReconciliationStatus) -> Duration {
+    if status == ReconciliationStatus::NotReady {
+        took.saturating_mul(PACE_FACTOR).min(MAX_PACE)
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// What one reconcile pass reports back to the controller.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PassReport {
@@ -196,6 +217,7 @@ async fn reconcile<P: Pass>(
     ctx: Arc<Ctx<P>>,
 ) -> Result<Action, PassFailed<P::Error>> {
     let name = policy.name_any();
+    let started = std::time::Instant::now();
     let report = ctx.pass.run(policy).await.map_err(|source| PassFailed {
         policy: name.clone(),
         source,
@@ -221,6 +243,12 @@ async fn reconcile<P: Pass>(
         unchanged = report.unchanged,
         "reconciled"
     );
+    // Passes run one at a time: triggers that come during the pause are
+    // gathered into the next pass.
+    let pause = pace_after(started.elapsed(), report.status);
+    if !pause.is_zero() {
+        tokio::time::sleep(pause).await;
+    }
     Ok(next_action(report.requeue_after))
 }
 
@@ -253,8 +281,24 @@ pub fn reference_to<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReference {
 
 #[cfg(test)]
 mod tests {
-    use super::{Action, Backoff, RESYNC_PERIOD, next_action};
+    use super::{
+        Action, Backoff, MAX_PACE, PACE_FACTOR, RESYNC_PERIOD, ReconciliationStatus, next_action,
+        pace_after,
+    };
+    use proptest::prelude::*;
     use std::time::Duration;
+
+    proptest! {
+        #[test]
+        fn only_a_not_ready_pass_is_paced_and_never_longer_than_the_cap(ms in 0u64..100_000) {
+            let took = Duration::from_millis(ms);
+            let pause = pace_after(took, ReconciliationStatus::NotReady);
+            prop_assert!(pause <= MAX_PACE);
+            prop_assert_eq!(pause, (took * PACE_FACTOR).min(MAX_PACE));
+            prop_assert_eq!(pace_after(took, ReconciliationStatus::Success), Duration::ZERO);
+            prop_assert_eq!(pace_after(took, ReconciliationStatus::OperatorError), Duration::ZERO);
+        }
+    }
 
     #[test]
     fn a_successful_pass_resyncs_slowly_unless_it_asks_for_sooner() {

@@ -282,8 +282,8 @@ impl Caches {
     }
 }
 
-/// Starts a watch of `api` into a new store and adds its change stream to
-/// `triggers`.
+/// Starts a watch of `api` into a new store (objects without their managed
+/// fields) and adds its change stream to `triggers`.
 fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -292,10 +292,30 @@ fn watch<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
+    watch_stripped(
+        api,
+        config,
+        |obj| obj.meta_mut().managed_fields = None,
+        triggers,
+    )
+}
+
+/// Starts a watch of `api` into a new store, each object cut down by
+/// `strip` before it is stored, and adds its change stream (one item per
+/// change, watch errors logged) to `triggers`.
+pub(crate) fn watch_stripped<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    strip: fn(&mut K),
+    triggers: &mut Vec<BoxStream<'static, ()>>,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
     let (store, writer) = reflector::store();
     let changes = watcher(api, config)
         .default_backoff()
-        .modify(|obj: &mut K| obj.meta_mut().managed_fields = None)
+        .modify(strip)
         .reflect(writer)
         .touched_objects()
         .filter_map(|r| future::ready(logged(K::kind(&()).as_ref(), r).map(|_| ())))

@@ -4,23 +4,20 @@
 //! (each watch filtered by label), and the nodes (the reconcile pass's
 //! store, shared). Every object is stripped to the fields the flow reads
 //! before it is stored, so the caches of a 1,000-node fleet stay small.
-use std::fmt::Debug;
-
 use futures::stream::BoxStream;
 use futures::{StreamExt, future};
 use gpu_stack_core::operator::upgrade::VALIDATOR_POD_SELECTOR;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetSpec, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
-use serde::de::DeserializeOwned;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, Client};
 
 use super::DRIVER_SELECTOR;
 use super::observe::REVISION_HASH_LABEL;
 use crate::operator::clusterpolicy::ClusterPolicy;
-use crate::operator::controller::watches::{CacheError, NodeStore, synced};
+use crate::operator::controller::watches::{CacheError, NodeStore, synced, watch_stripped};
 
 /// The caches an upgrade pass reads.
 #[derive(Clone)]
@@ -56,31 +53,31 @@ impl UpgradeStores {
         let driver = || watcher::Config::default().labels(DRIVER_SELECTOR);
         let stores = Self {
             nodes,
-            policies: watch(
+            policies: watch_stripped(
                 Api::all(client.clone()),
                 watcher::Config::default(),
                 |p: &mut ClusterPolicy| p.metadata.managed_fields = None,
                 &mut triggers,
             ),
-            daemonsets: watch(
+            daemonsets: watch_stripped(
                 Api::namespaced(client.clone(), namespace),
                 driver(),
                 strip_daemonset,
                 &mut triggers,
             ),
-            revisions: watch(
+            revisions: watch_stripped(
                 Api::namespaced(client.clone(), namespace),
                 driver(),
                 strip_revision,
                 &mut triggers,
             ),
-            driver_pods: watch(
+            driver_pods: watch_stripped(
                 Api::namespaced(client.clone(), namespace),
                 driver(),
                 strip_pod,
                 &mut fed,
             ),
-            validator_pods: watch(
+            validator_pods: watch_stripped(
                 Api::namespaced(client.clone(), namespace),
                 watcher::Config::default().labels(VALIDATOR_POD_SELECTOR),
                 strip_pod,
@@ -101,36 +98,6 @@ impl UpgradeStores {
         synced("Pod", &self.driver_pods).await?;
         synced("Pod", &self.validator_pods).await
     }
-}
-
-fn watch<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    strip: fn(&mut K),
-    changes: &mut Vec<BoxStream<'static, ()>>,
-) -> Store<K>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let (store, writer) = reflector::store();
-    let kind = K::kind(&()).to_string();
-    let stream = watcher(api, config)
-        .default_backoff()
-        .modify(strip)
-        .reflect(writer)
-        .touched_objects()
-        .filter_map(move |r| {
-            future::ready(match r {
-                Ok(_) => Some(()),
-                Err(error) => {
-                    tracing::warn!(kind, %error, "watch failed; retrying with backoff");
-                    None
-                }
-            })
-        })
-        .boxed();
-    changes.push(stream);
-    store
 }
 
 /// Cuts a pod down to what the upgrade flow reads: identity, the revision
