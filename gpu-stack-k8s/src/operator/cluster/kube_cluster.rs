@@ -93,15 +93,9 @@ impl KubeCluster {
     /// nodes again, as it did on 1,000 nodes while a rollout slowed the
     /// watch.
     async fn catch_up_with_label_writes(&self) {
-        let unseen = self.label_writes.catch_up(LABEL_WRITES_CATCH_UP).await;
-        if unseen > 0 {
-            tracing::warn!(
-                nodes = unseen,
-                "the node watch has not shown the operator's own label writes after {}s; \
-                 reading the node cache as it is",
-                LABEL_WRITES_CATCH_UP.as_secs()
-            );
-        }
+        self.label_writes
+            .catch_up(LABEL_WRITES_CATCH_UP, "the reconcile pass")
+            .await;
     }
 
     fn owner(&self) -> Option<OwnerReference> {

@@ -80,8 +80,9 @@ impl NodeWriteFence {
     /// Waits at most `limit` until the node cache shows every recorded patch
     /// (or the node is gone). Returns how many were still unseen when the
     /// wait gave up (then forgotten, so one lost event or someone else's
-    /// later change cannot stall every later pass).
-    pub async fn catch_up(&self, limit: Duration) -> usize {
+    /// later change cannot stall every later pass), and says so in a
+    /// warning naming `writer`.
+    pub async fn catch_up(&self, limit: Duration, writer: &str) -> usize {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let pending = match self.unseen.lock() {
@@ -102,6 +103,13 @@ impl NodeWriteFence {
                 if let Ok(mut unseen) = self.unseen.lock() {
                     unseen.clear();
                 }
+                tracing::warn!(
+                    nodes = pending,
+                    writer,
+                    "the node watch has not shown these node writes after {}s; reading the \
+                     node cache as it is",
+                    limit.as_secs()
+                );
                 return pending;
             }
             tokio::time::sleep(CATCH_UP_POLL).await;
@@ -145,14 +153,14 @@ mod tests {
         fence.wrote("a", &cordon);
         // A patch the cache already shows: nothing to wait for.
         fence.wrote("b", &json!({"metadata": {"labels": {"gone": null}}}));
-        assert_eq!(fence.catch_up(Duration::ZERO).await, 1);
+        assert_eq!(fence.catch_up(Duration::ZERO, "test").await, 1);
         // Given up: forgotten, the next pass does not wait again.
-        assert_eq!(fence.catch_up(Duration::ZERO).await, 0);
+        assert_eq!(fence.catch_up(Duration::ZERO, "test").await, 0);
 
         fence.wrote("a", &cordon);
         // An older change (a heartbeat) moves the version, not the content.
         writer.apply_watcher_event(&Event::Apply(node("a", "2")));
-        assert_eq!(fence.catch_up(Duration::ZERO).await, 1);
+        assert_eq!(fence.catch_up(Duration::ZERO, "test").await, 1);
         fence.wrote("a", &cordon);
         let mut patched = node("a", "3");
         patched.metadata.labels = Some([("s".to_string(), "cordon-required".to_string())].into());
@@ -161,7 +169,7 @@ mod tests {
             ..NodeSpec::default()
         });
         writer.apply_watcher_event(&Event::Apply(patched));
-        assert_eq!(fence.catch_up(Duration::from_secs(1)).await, 0);
+        assert_eq!(fence.catch_up(Duration::from_secs(1), "test").await, 0);
     }
 
     #[test]

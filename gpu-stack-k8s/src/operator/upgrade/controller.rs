@@ -157,15 +157,9 @@ impl UpgradeController {
     pub async fn pass(&mut self) -> Result<PassSummary, UpgradeError> {
         let mut summary = PassSummary::default();
         self.stores.wait_until_synced().await?;
-        let unseen = self.node_writes.catch_up(NODE_WRITES_CATCH_UP).await;
-        if unseen > 0 {
-            tracing::warn!(
-                nodes = unseen,
-                "the node watch has not shown the upgrade controller's own writes after {}s; \
-                 reading the node cache as it is",
-                NODE_WRITES_CATCH_UP.as_secs()
-            );
-        }
+        self.node_writes
+            .catch_up(NODE_WRITES_CATCH_UP, "the driver upgrade controller")
+            .await;
         let all: Vec<ClusterPolicy> = self
             .stores
             .policies
