@@ -103,6 +103,17 @@ grep -A1 '^  dcgmExporter:$' "$out/knobs.yaml" | grep -q 'enabled: false' \
   || { echo "deploy/helm/check.sh: dcgmExporter.enabled=false not passed to the ClusterPolicy" >&2; exit 1; }
 grep -q 'version: v9.9.9' "$out/knobs.yaml" \
   || { echo "deploy/helm/check.sh: devicePlugin.version not passed to the ClusterPolicy" >&2; exit 1; }
+# NVIDIA's sections without a gpu-stack operand reach the ClusterPolicy, for
+# the operator to honour (sandboxWorkloads) or report.
+nice "$helm" template gpu-stack "$chart" --namespace gpu-operator "${repo[@]}" \
+  --set sandboxWorkloads.enabled=true --set sandboxWorkloads.defaultWorkload=vm-passthrough \
+  --set vfioManager.enabled=true --set gdrcopy.enabled=true >"$out/sandbox.yaml"
+grep -A3 '^  sandboxWorkloads:$' "$out/sandbox.yaml" | grep -q 'defaultWorkload: vm-passthrough' \
+  || { echo "deploy/helm/check.sh: sandboxWorkloads not passed to the ClusterPolicy" >&2; exit 1; }
+for section in vfioManager gdrcopy; do
+  grep -A1 "^  $section:\$" "$out/sandbox.yaml" | grep -q 'enabled: true' \
+    || { echo "deploy/helm/check.sh: $section not passed to the ClusterPolicy" >&2; exit 1; }
+done
 # toolkit.image=gpu-stack: gpu-stack's toolkit agent, from imageRepository;
 # NVIDIA's toolkit stays the default.
 grep -A4 '^  toolkit:$' "$out/default.yaml" | grep -q 'repository: nvcr.io/nvidia/k8s' \

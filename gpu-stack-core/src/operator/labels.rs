@@ -51,8 +51,10 @@ pub const NFD_GPU_LABELS: [&str; 3] = [
 /// and `client` (third-party GPU clients, whose DaemonSets select
 /// `gpu.deploy.client=true`, so that a MIG change or a driver upgrade
 /// pausing the label moves them off the node and back).
-pub const CONTAINER_CLIENT_DEPLOY_LABELS: [&str; 2] =
-    ["nvidia.com/gpu.deploy.dcgm", "nvidia.com/gpu.deploy.client"];
+pub const CONTAINER_CLIENT_DEPLOY_LABELS: [&str; 2] = ["nvidia.com/gpu.deploy.dcgm", DEPLOY_CLIENT];
+
+/// The deploy label of third-party GPU clients, set for every workload.
+pub const DEPLOY_CLIENT: &str = "nvidia.com/gpu.deploy.client";
 
 /// Value another agent writes to pause an operand during a MIG change.
 pub const PAUSED_FOR_MIG_CHANGE: &str = "paused-for-mig-change";
@@ -161,6 +163,58 @@ pub fn nvidia_pci_device_ids(labels: &Labels) -> Vec<String> {
     ids
 }
 
+/// The set of operands a GPU node is for, as `nvidia.com/gpu.workload.config`
+/// names it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// Containers: the driver, toolkit, device plugin and the rest.
+    #[default]
+    Container,
+    /// Whole GPUs passed through to virtual machines (VFIO).
+    VmPassthrough,
+    /// vGPU devices for virtual machines.
+    VmVgpu,
+}
+
+impl Workload {
+    /// Every workload, in label-value order.
+    pub const ALL: [Workload; 3] = [
+        Workload::Container,
+        Workload::VmPassthrough,
+        Workload::VmVgpu,
+    ];
+
+    /// The label value (`container`, `vm-passthrough`, `vm-vgpu`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Workload::Container => "container",
+            Workload::VmPassthrough => "vm-passthrough",
+            Workload::VmVgpu => "vm-vgpu",
+        }
+    }
+
+    /// Reads a label value; `None` for anything else.
+    pub fn parse(value: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.as_str() == value)
+    }
+}
+
+/// The workload a node's operands are chosen for. With sandbox workloads
+/// off ([`LabelPolicy::sandbox_default`] `None`) every node runs containers,
+/// whatever its label says; on, the node's `nvidia.com/gpu.workload.config`
+/// decides, and a node without it, or with a value that is no workload, gets
+/// the policy's default (NVIDIA's operator does the same and logs it).
+pub fn node_workload(labels: &Labels, policy: &LabelPolicy) -> Workload {
+    match policy.sandbox_default {
+        None => Workload::Container,
+        Some(default) => labels
+            .get(WORKLOAD_CONFIG)
+            .and_then(|v| Workload::parse(v))
+            .unwrap_or(default),
+    }
+}
+
 /// Inputs of [`deploy_label_patch`] that come from the policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabelPolicy {
@@ -171,6 +225,11 @@ pub struct LabelPolicy {
     /// so the MIG manager is switched off on every GPU node.
     #[serde(default)]
     pub dra_driver: bool,
+    /// `sandboxWorkloads.defaultWorkload` when `sandboxWorkloads.enabled`:
+    /// nodes then run the workload their `nvidia.com/gpu.workload.config`
+    /// names ([`node_workload`]). `None`: every GPU node runs containers.
+    #[serde(default)]
+    pub sandbox_default: Option<Workload>,
 }
 
 /// The label changes the operator makes on one node, given its current labels.
@@ -185,7 +244,12 @@ pub struct LabelPolicy {
 /// - `gpu.deploy.mig-manager` only on MIG-capable nodes (removed elsewhere);
 /// - [`CONTAINER_CLIENT_DEPLOY_LABELS`] (`dcgm`, `client`) filled the same way;
 /// - `nvidia.com/mig.config=all-disabled` on MIG-capable nodes that have none,
-///   when the policy's default MIG config is `all-disabled`.
+///   when the policy's default MIG config is `all-disabled`;
+/// - a node whose [`node_workload`] is a VM workload loses every deploy
+///   label but `client` (which NVIDIA's VM label sets keep, filled the same
+///   way): gpu-stack runs no VM operands (VFIO manager, sandbox device
+///   plugin, vGPU manager), and NVIDIA's operator removes the container
+///   operands' labels from such a node whatever their value.
 ///
 /// With the DRA plugin ([`LabelPolicy::dra_driver`]), one owner of a GPU
 /// layout:
@@ -228,6 +292,13 @@ pub fn deploy_label_patch(labels: &Labels, policy: &LabelPolicy) -> LabelPatch {
     if facts.operands_disabled {
         for k in deploy_keys() {
             want.insert(k.clone(), None);
+        }
+    } else if node_workload(labels, policy) != Workload::Container {
+        for k in deploy_keys().filter(|k| k.as_str() != DEPLOY_CLIENT) {
+            want.insert(k.clone(), None);
+        }
+        if labels.get(DEPLOY_CLIENT).is_none_or(|v| v.is_empty()) {
+            want.insert(DEPLOY_CLIENT.to_string(), Some("true".to_string()));
         }
     } else {
         for c in Component::ALL {
@@ -500,6 +571,8 @@ mod tests {
             "nvidia.com/gpu.deploy.dcgm-exporter".to_string(),
             "nvidia.com/gpu.deploy.dra-driver".to_string(),
             MIG_MANAGER_OFF.to_string(),
+            WORKLOAD_CONFIG.to_string(),
+            DEPLOY_CLIENT.to_string(),
         ]);
         let values = prop::sample::select(vec![
             "true".to_string(),
@@ -508,16 +581,29 @@ mod tests {
             PAUSED_FOR_MIG_CHANGE.to_string(),
             PAUSED_FOR_DRIVER_UPGRADE.to_string(),
             PRE_INSTALLED.to_string(),
+            "vm-passthrough".to_string(),
+            "vm-vgpu".to_string(),
+            "container".to_string(),
         ]);
-        prop::collection::btree_map(keys, values, 0..11)
+        prop::collection::btree_map(keys, values, 0..13)
+    }
+
+    fn arb_sandbox() -> impl Strategy<Value = Option<Workload>> {
+        prop::option::of(prop::sample::select(Workload::ALL.to_vec()))
     }
 
     proptest! {
         #[test]
-        fn patch_is_idempotent(l in arb_labels(), all_disabled in any::<bool>(), dra_driver in any::<bool>()) {
+        fn patch_is_idempotent(
+            l in arb_labels(),
+            all_disabled in any::<bool>(),
+            dra_driver in any::<bool>(),
+            sandbox_default in arb_sandbox(),
+        ) {
             let pol = LabelPolicy {
                 mig_config_default: all_disabled.then(|| "all-disabled".to_string()),
                 dra_driver,
+                sandbox_default,
             };
             let p = deploy_label_patch(&l, &pol);
             let mut after = l.clone();
@@ -526,8 +612,13 @@ mod tests {
         }
 
         #[test]
-        fn foreign_values_survive(l in arb_labels(), dra_driver in any::<bool>()) {
-            let pol = LabelPolicy { dra_driver, ..LabelPolicy::default() };
+        fn foreign_values_survive(
+            l in arb_labels(),
+            dra_driver in any::<bool>(),
+            sandbox_default in arb_sandbox(),
+        ) {
+            let pol = LabelPolicy { dra_driver, sandbox_default, ..LabelPolicy::default() };
+            let container = node_workload(&l, &pol) == Workload::Container;
             let p = deploy_label_patch(&l, &pol);
             let mut after = l.clone();
             apply_patch(&mut after, &p);
@@ -537,6 +628,7 @@ mod tests {
             for (k, v) in &l {
                 if is_operator_deploy_label(k) && !v.is_empty() && v != "true" && facts.gpu
                     && !facts.operands_disabled
+                    && (container || k == DEPLOY_CLIENT)
                     && (k != mig || ((facts.mig_capable || dra_driver) && !ours))
                 {
                     prop_assert_eq!(after.get(k), Some(v));
@@ -562,6 +654,34 @@ mod tests {
         }
 
         #[test]
+        fn vm_nodes_never_schedule_operands(
+            l in arb_labels(),
+            dra_driver in any::<bool>(),
+            sandbox_default in arb_sandbox(),
+        ) {
+            let pol = LabelPolicy { dra_driver, sandbox_default, ..LabelPolicy::default() };
+            let mut after = l.clone();
+            apply_patch(&mut after, &deploy_label_patch(&l, &pol));
+            if node_workload(&l, &pol) != Workload::Container {
+                for c in Component::ALL {
+                    prop_assert!(!schedules(&after, c));
+                }
+                if NodeFacts::from_labels(&l).gpu && !NodeFacts::from_labels(&l).operands_disabled {
+                    prop_assert!(after.get(DEPLOY_CLIENT).is_some_and(|v| !v.is_empty()));
+                }
+            }
+            // Sandbox workloads off: the label is not read.
+            if sandbox_default.is_none() {
+                let mut relabelled = l.clone();
+                relabelled.insert(WORKLOAD_CONFIG.into(), "vm-passthrough".into());
+                prop_assert_eq!(
+                    deploy_label_patch(&relabelled, &pol),
+                    deploy_label_patch(&l, &pol)
+                );
+            }
+        }
+
+        #[test]
         fn cpu_nodes_never_schedule_operands(l in arb_labels()) {
             let mut l = l;
             l.remove("feature.node.kubernetes.io/pci-10de.present");
@@ -574,6 +694,45 @@ mod tests {
     }
 
     #[test]
+    fn workload_label_picks_the_operand_set_only_with_sandbox_workloads_on() {
+        let gpu = [
+            ("feature.node.kubernetes.io/pci-10de.present", "true"),
+            ("nvidia.com/gpu.deploy.driver", "true"),
+            ("nvidia.com/gpu.deploy.device-plugin", "false"),
+        ];
+        let on = LabelPolicy {
+            sandbox_default: Some(Workload::Container),
+            ..LabelPolicy::default()
+        };
+        let mut vm = labels(&gpu);
+        vm.insert(WORKLOAD_CONFIG.into(), "vm-passthrough".into());
+        assert_eq!(node_workload(&vm, &on), Workload::VmPassthrough);
+        assert_eq!(
+            node_workload(&vm, &LabelPolicy::default()),
+            Workload::Container
+        );
+        let p = deploy_label_patch(&vm, &on);
+        // Container operands go, a person's `false` included, as NVIDIA does.
+        assert_eq!(p.get("nvidia.com/gpu.deploy.driver"), Some(&None));
+        assert_eq!(p.get("nvidia.com/gpu.deploy.device-plugin"), Some(&None));
+        assert_eq!(p.get(DEPLOY_CLIENT), Some(&Some("true".into())));
+        assert_eq!(p.get(GPU_PRESENT), Some(&Some("true".into())));
+        // An unknown value falls back to the policy's default.
+        vm.insert(WORKLOAD_CONFIG.into(), "vm".into());
+        let vgpu_default = LabelPolicy {
+            sandbox_default: Some(Workload::VmVgpu),
+            ..LabelPolicy::default()
+        };
+        assert_eq!(node_workload(&vm, &vgpu_default), Workload::VmVgpu);
+        assert_eq!(node_workload(&vm, &on), Workload::Container);
+        assert!(
+            deploy_label_patch(&vm, &on)
+                .get("nvidia.com/gpu.deploy.driver")
+                .is_none()
+        );
+    }
+
+    #[test]
     fn dra_driver_switches_the_mig_manager_off_and_back() {
         let mig = "nvidia.com/gpu.deploy.mig-manager";
         let dra = "nvidia.com/gpu.deploy.dra-driver";
@@ -581,6 +740,7 @@ mod tests {
         let on = LabelPolicy {
             dra_driver: true,
             mig_config_default: Some("all-disabled".into()),
+            ..LabelPolicy::default()
         };
         let mut l = gpu_node();
         l.insert(MIG_CAPABLE.into(), "true".into());

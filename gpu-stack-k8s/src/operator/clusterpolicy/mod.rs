@@ -20,6 +20,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use gpu_stack_core::operator::labels::{LabelPolicy, Workload};
+
 /// Fields a section does not model, kept verbatim.
 pub type Extra = BTreeMap<String, Value>;
 
@@ -107,7 +109,10 @@ pub struct ClusterPolicySpec {
     /// component keeps its section's `args` and `env`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_agent: Option<ComponentSpec>,
-    /// Sections this operator does not implement (sandboxWorkloads, vgpu*, gds, ...).
+    /// Which nodes run VM workloads instead of containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_workloads: Option<SandboxWorkloadsSpec>,
+    /// Sections this operator does not implement (vgpu*, vfioManager, gds, ...).
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(skip)]
     pub extra: Extra,
@@ -557,6 +562,47 @@ pub struct PsaSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 }
+
+/// `spec.sandboxWorkloads`, NVIDIA's switch for nodes that serve virtual
+/// machines. gpu-stack honours the node selection (a node labelled
+/// `nvidia.com/gpu.workload.config=vm-passthrough` or `vm-vgpu`, or every
+/// unlabelled node when that is the default, gets no container operands) but
+/// runs none of NVIDIA's VM operands; their sections are reported when this
+/// is on ([`VM_OPERAND_SECTIONS`]).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct SandboxWorkloadsSpec {
+    /// Read each GPU node's `nvidia.com/gpu.workload.config` (default
+    /// `false`: every GPU node runs the container operands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Workload of a node without a valid label: `container` (default),
+    /// `vm-passthrough` or `vm-vgpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_workload: Option<String>,
+    /// `kubevirt` (default) or `kata`: how NVIDIA's VM operands hand GPUs
+    /// to virtual machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Fields this operator does not know.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// NVIDIA's sections for operands that serve virtual machines. NVIDIA's
+/// operator deploys them only with `sandboxWorkloads.enabled`, so only then
+/// are they reported (several are `enabled: true` in NVIDIA's chart defaults).
+pub const VM_OPERAND_SECTIONS: [&str; 7] = [
+    "sandboxDevicePlugin",
+    "kataSandboxDevicePlugin",
+    "vfioManager",
+    "vgpuManager",
+    "vgpuDeviceManager",
+    "kataManager",
+    "ccManager",
+];
 
 /// Status of a ClusterPolicy.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -1042,6 +1088,27 @@ impl ClusterPolicySpec {
             .unwrap_or("single")
     }
 
+    /// `sandboxWorkloads.defaultWorkload` while `sandboxWorkloads.enabled`
+    /// (`container` when unset); `None` when sandbox workloads are off.
+    pub fn sandbox_default_workload(&self) -> Option<Workload> {
+        let s = self.sandbox_workloads.as_ref()?;
+        (s.enabled == Some(true)).then(|| {
+            s.default_workload
+                .as_deref()
+                .and_then(Workload::parse)
+                .unwrap_or_default()
+        })
+    }
+
+    /// What the node labels the operator writes depend on.
+    pub fn label_policy(&self) -> LabelPolicy {
+        LabelPolicy {
+            mig_config_default: Some(self.mig_config_default()),
+            dra_driver: self.dra_driver_enabled(),
+            sandbox_default: self.sandbox_default_workload(),
+        }
+    }
+
     /// Default MIG config profile of the MIG manager (`all-disabled`).
     pub fn mig_config_default(&self) -> String {
         self.mig_manager
@@ -1215,6 +1282,21 @@ impl ClusterPolicySpec {
                 ),
             });
         }
+        if let Some(s) = &self.sandbox_workloads {
+            let workloads = Workload::ALL.map(Workload::as_str);
+            one_of(
+                "spec.sandboxWorkloads.defaultWorkload",
+                s.default_workload.as_deref(),
+                &workloads,
+                &mut out,
+            );
+            one_of(
+                "spec.sandboxWorkloads.mode",
+                s.mode.as_deref(),
+                &["kubevirt", "kata"],
+                &mut out,
+            );
+        }
         if let Some(cdi) = &self.cdi
             && cdi.nri_plugin_enabled == Some(true)
             && (!self.cdi_enabled() || !self.enablement().toolkit)
@@ -1231,10 +1313,12 @@ impl ClusterPolicySpec {
     /// on, sorted. Sections that are present but disabled are not listed.
     pub fn unsupported_fields(&self) -> Vec<String> {
         let mut out = Vec::new();
+        let sandbox = self.sandbox_default_workload().is_some();
         for (k, v) in &self.extra {
             // A disabled unsupported section changes nothing; do not nag.
             let disabled = v.get("enabled") == Some(&Value::Bool(false));
-            if !disabled {
+            let vm_operand_unused = VM_OPERAND_SECTIONS.contains(&k.as_str()) && !sandbox;
+            if !disabled && !vm_operand_unused {
                 out.push(format!("spec.{k}"));
             }
         }
@@ -1251,6 +1335,9 @@ impl ClusterPolicySpec {
         }
         if let Some(m) = &self.mig {
             section("mig", &m.extra);
+        }
+        if let Some(s) = &self.sandbox_workloads {
+            section("sandboxWorkloads", &s.extra);
         }
         for c in Component::ALL {
             if let Some(spec) = self.component(c) {

@@ -1,4 +1,5 @@
 use super::*;
+use gpu_stack_core::operator::labels::Workload;
 
 /// A ClusterPolicy as the NVIDIA chart renders it (abridged), including
 /// sections this operator does not implement.
@@ -100,7 +101,10 @@ spec:
 fn nvidia_policy_deserializes_and_round_trips_unknown_fields() {
     let cp: ClusterPolicy = gpu_stack_core::yaml_guard::from_str(NVIDIA_POLICY).unwrap();
     assert_eq!(cp.spec.driver_request().version, "570.124.06");
-    assert!(cp.spec.extra.contains_key("sandboxWorkloads"));
+    assert_eq!(
+        cp.spec.sandbox_default_workload(),
+        Some(Workload::Container)
+    );
     let back = serde_json::to_value(&cp).unwrap();
     assert_eq!(
         back["spec"]["sandboxWorkloads"]["defaultWorkload"],
@@ -121,7 +125,6 @@ fn unsupported_fields_are_listed_not_dropped() {
     let cp: ClusterPolicy = gpu_stack_core::yaml_guard::from_str(NVIDIA_POLICY).unwrap();
     let u = cp.spec.unsupported_fields();
     for want in [
-        "spec.sandboxWorkloads",
         "spec.driver.rdma",
         "spec.operator.initContainer",
         "spec.dcgmExporter.serviceMonitor",
@@ -135,6 +138,7 @@ fn unsupported_fields_are_listed_not_dropped() {
         "spec.validator.plugin",
         "spec.gds",
         "spec.vgpuManager",
+        "spec.sandboxWorkloads",
         "spec.dcgm.enabled",
         "spec.driver.manager",
     ] {
@@ -142,6 +146,58 @@ fn unsupported_fields_are_listed_not_dropped() {
     }
     assert!(cp.spec.validate().is_empty(), "{:?}", cp.spec.validate());
     assert!(!cp.spec.plugin_workload_wanted());
+}
+
+#[test]
+fn vm_operand_sections_are_reported_only_with_sandbox_workloads_on() {
+    // NVIDIA's chart defaults: several VM operands say `enabled: true`, and
+    // NVIDIA's operator deploys none of them while sandbox workloads are off.
+    let spec = |sandbox: serde_json::Value| -> ClusterPolicySpec {
+        serde_json::from_value(serde_json::json!({
+            "sandboxWorkloads": sandbox,
+            "vfioManager": {"enabled": true},
+            "sandboxDevicePlugin": {"enabled": true},
+            "vgpuDeviceManager": {"enabled": true},
+            "kataManager": {"enabled": false},
+            "gdrcopy": {"enabled": true},
+        }))
+        .unwrap()
+    };
+    let off = spec(serde_json::json!({"enabled": false, "defaultWorkload": "container"}));
+    assert_eq!(off.sandbox_default_workload(), None);
+    assert_eq!(off.label_policy().sandbox_default, None);
+    assert_eq!(off.unsupported_fields(), ["spec.gdrcopy"]);
+    let on = spec(
+        serde_json::json!({"enabled": true, "defaultWorkload": "vm-passthrough", "mode": "kubevirt"}),
+    );
+    assert_eq!(
+        on.label_policy().sandbox_default,
+        Some(Workload::VmPassthrough)
+    );
+    assert_eq!(
+        on.unsupported_fields(),
+        [
+            "spec.gdrcopy",
+            "spec.sandboxDevicePlugin",
+            "spec.vfioManager",
+            "spec.vgpuDeviceManager"
+        ]
+    );
+    assert!(on.validate().is_empty());
+    let bad =
+        spec(serde_json::json!({"enabled": true, "defaultWorkload": "vm", "mode": "qemu", "x": 1}));
+    let paths: Vec<String> = bad.validate().into_iter().map(|e| e.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.sandboxWorkloads.defaultWorkload",
+            "spec.sandboxWorkloads.mode"
+        ]
+    );
+    assert!(
+        bad.unsupported_fields()
+            .contains(&"spec.sandboxWorkloads.x".to_string())
+    );
 }
 
 #[test]

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use gpu_stack_core::operator::components::Component;
 use gpu_stack_core::operator::labels::{
-    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LabelPatch, MIG_MANAGER_OFF, paused_operands,
+    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LabelPatch, MIG_MANAGER_OFF, NodeFacts,
+    WORKLOAD_CONFIG, Workload, node_workload, paused_operands,
 };
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
@@ -356,21 +357,41 @@ impl Pass for OperatorPass {
         if status == ReconciliationStatus::NotReady {
             decided.extend(self.image_problems(&policy).await);
         }
-        // Nodes whose operands another agent paused: say so once.
+        // Nodes whose operands another agent paused, or that serve virtual
+        // machines: say so once.
+        let label_policy = policy.spec.label_policy();
         for n in nodes.iter() {
+            let node_ref = || ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(n.name_any()),
+                uid: n.uid(),
+                ..ObjectReference::default()
+            };
             for (k, v) in paused_operands(n.labels()) {
                 decided.push((
-                    ObjectReference {
-                        api_version: Some("v1".into()),
-                        kind: Some("Node".into()),
-                        name: Some(n.name_any()),
-                        uid: n.uid(),
-                        ..ObjectReference::default()
-                    },
+                    node_ref(),
                     Decision {
                         severity: Severity::Normal,
                         reason: "OperandPaused".into(),
                         note: format!("{k}={v}: operand left alone on this node"),
+                        action: "Reconcile".into(),
+                    },
+                ));
+            }
+            let workload = node_workload(n.labels(), &label_policy);
+            if workload != Workload::Container && NodeFacts::from_labels(n.labels()).gpu {
+                decided.push((
+                    node_ref(),
+                    Decision {
+                        severity: Severity::Warning,
+                        reason: "VmWorkload".into(),
+                        note: format!(
+                            "workload {}: gpu-stack runs no operands for virtual machines (VFIO \
+                         manager, sandbox device plugin, vGPU manager), so this node gets none; \
+                         label it {WORKLOAD_CONFIG}=container for the container operands",
+                            workload.as_str()
+                        ),
                         action: "Reconcile".into(),
                     },
                 ));

@@ -15,8 +15,8 @@ use gpu_stack_core::operator::driver::{
     DriverNode, DriverPlan, DriverRequest, GpuIdentity, plan_driver,
 };
 use gpu_stack_core::operator::labels::{
-    GPU_PRODUCT, LabelPatch, LabelPolicy, Labels, NFD_KERNEL, NFD_OS_ID, NFD_OS_VERSION,
-    NFD_OS_VERSION_MAJOR, NodeFacts, apply_patch, deploy_label_patch,
+    GPU_PRODUCT, LabelPatch, Labels, NFD_KERNEL, NFD_OS_ID, NFD_OS_VERSION, NFD_OS_VERSION_MAJOR,
+    NodeFacts, Workload, apply_patch, deploy_label_patch, node_workload,
 };
 use gpu_stack_core::operator::nvidiadriver::{DriverCr, DriversPlan, plan_drivers};
 use k8s_openapi::api::core::v1::{Node, Taint};
@@ -409,10 +409,7 @@ pub fn desired_state_with(
     }
 
     // Node labels, then the nodes as they will look.
-    let label_policy = LabelPolicy {
-        mig_config_default: Some(spec.mig_config_default()),
-        dra_driver: spec.dra_driver_enabled(),
-    };
+    let label_policy = spec.label_policy();
     let mut node_labels = BTreeMap::new();
     let empty = Labels::new();
     // Borrow each node's labels; copy only the ones that change.
@@ -437,6 +434,16 @@ pub fn desired_state_with(
         .collect();
     let any_nfd = facts.iter().any(|f| f.nfd);
     let gpu_nodes: Vec<usize> = (0..effective.len()).filter(|i| facts[*i].gpu).collect();
+    // GPU nodes the container operands are for: not switched off, not
+    // serving virtual machines.
+    let container: Vec<bool> = effective
+        .iter()
+        .zip(&facts)
+        .map(|((_, l), f)| {
+            !f.operands_disabled && node_workload(l, &label_policy) == Workload::Container
+        })
+        .collect();
+    let runs_operands = |i: &&usize| container[**i];
 
     // Driver plan over GPU nodes that run operands.
     let enablement = spec.enablement();
@@ -444,7 +451,7 @@ pub fn desired_state_with(
     let driver_nodes = |all_labels: bool| -> Vec<DriverNode> {
         gpu_nodes
             .iter()
-            .filter(|i| !facts[**i].operands_disabled)
+            .filter(runs_operands)
             .map(|i| DriverNode {
                 name: effective[*i].0.clone(),
                 // Only the labels the driver planner reads; NVIDIADriver
@@ -491,7 +498,7 @@ pub fn desired_state_with(
         related.mig_configs,
         &gpu_nodes
             .iter()
-            .filter(|i| !facts[**i].operands_disabled)
+            .filter(runs_operands)
             .map(|i| (&effective[*i].0, effective[*i].1.as_ref()))
             .collect::<Vec<_>>(),
         current,

@@ -1307,3 +1307,49 @@ fn the_exporter_gets_nvidias_metrics_service() {
     // No exporter, no Service.
     assert!(exporter_service(serde_json::json!({"dcgmExporter": {"enabled": false}})).is_none());
 }
+
+#[test]
+fn nodes_labelled_for_virtual_machines_get_no_container_operands() {
+    let mut vm = mig_gpu_node("vm-1");
+    vm.metadata.labels.get_or_insert_default().extend([
+        (
+            "nvidia.com/gpu.workload.config".to_string(),
+            "vm-passthrough".to_string(),
+        ),
+        (
+            "nvidia.com/gpu.deploy.driver".to_string(),
+            "true".to_string(),
+        ),
+    ]);
+    let nodes = [mig_gpu_node("gpu-1"), vm];
+    let sandbox = policy_with(serde_json::json!({"sandboxWorkloads": {"enabled": true}}));
+    let d = desired_state(&sandbox, &nodes, &[], &Options::default());
+    let vm_patch = &d.node_labels["vm-1"];
+    assert_eq!(
+        vm_patch.get("nvidia.com/gpu.deploy.driver"),
+        Some(&None),
+        "{vm_patch:?}"
+    );
+    assert!(
+        vm_patch.iter().all(|(k, v)| v.is_none()
+            || !k.starts_with("nvidia.com/gpu.deploy.")
+            || k == "nvidia.com/gpu.deploy.client"),
+        "{vm_patch:?}"
+    );
+    assert_eq!(
+        d.node_labels["gpu-1"].get("nvidia.com/gpu.deploy.driver"),
+        Some(&Some("true".to_string()))
+    );
+    let driven: Vec<&String> = d.driver.pools.iter().flat_map(|p| &p.nodes).collect();
+    assert_eq!(driven, ["gpu-1"]);
+
+    // Sandbox workloads off (NVIDIA's default): the label is not read.
+    let plain = desired_state(
+        &policy_with(serde_json::json!({})),
+        &nodes,
+        &[],
+        &Options::default(),
+    );
+    let driven: Vec<&String> = plain.driver.pools.iter().flat_map(|p| &p.nodes).collect();
+    assert_eq!(driven, ["gpu-1", "vm-1"]);
+}
