@@ -158,7 +158,7 @@ done
 grep -q '"gpu-stack-node-agent"' "$out/default.yaml" \
   || { echo "deploy/helm/check.sh: the operator may not grant the node agent's ClusterRole (operandRoles)" >&2; exit 1; }
 
-# Alerts and dashboard (README, "Alerts and dashboard"): the chart's copies in
+# Alerts and dashboard (docs/exporter.md, "Alerts and dashboard"): the chart's copies in
 # files/ are the plain files in deploy/monitoring/, byte for byte; both are off
 # by default and render when enabled.
 for f in gpu-stack-alerts.rules.yaml gpu-stack-dashboard.json; do

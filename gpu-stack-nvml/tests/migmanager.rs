@@ -410,7 +410,7 @@ fn export_round_trips_through_apply() {
     assert_eq!(layout(&c), layout(&b));
 }
 
-/// The figures README.md's MIG manager section quotes, on 8 simulated H100s.
+/// The figures docs/mig.md's MIG manager section quotes, on 8 simulated H100s.
 #[test]
 fn from_clean_h100_node_call_counts() {
     let cfg = shipped();

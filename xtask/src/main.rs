@@ -49,7 +49,7 @@ enum Cmd {
     #[command(subcommand)]
     Cluster(ClusterCmd),
     /// Build the OCI images of the project's binaries into one archive
-    /// (`ctr images import` loads it; see README, Images).
+    /// (`ctr images import` loads it; see docs/operator.md, Images).
     Images(ImagesArgs),
     /// A forwarder of the real test node (started by `cluster up`).
     #[command(hide = true)]

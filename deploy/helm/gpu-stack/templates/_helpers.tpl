@@ -27,7 +27,7 @@ app.kubernetes.io/component: operator
 
 {{/* The repository of the gpu-stack images; installing without one fails. */}}
 {{- define "gpu-stack.imageRepository" -}}
-{{- required "imageRepository is not set: no registry publishes the gpu-stack images. Build them (README, Images), push them to a registry of yours and install with --set imageRepository=<registry>/<path>" .Values.imageRepository -}}
+{{- required "imageRepository is not set: no registry publishes the gpu-stack images. Build them (docs/operator.md, Images), push them to a registry of yours and install with --set imageRepository=<registry>/<path>" .Values.imageRepository -}}
 {{- end -}}
 
 {{/* The tag of the gpu-stack images. */}}
