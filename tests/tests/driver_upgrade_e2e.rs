@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
+use gpu_stack_core::operator::labels::DRIVER_UPGRADE_ENABLED;
 use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::chart::OperatorTestEnv;
 use gpu_stack_e2e::upgrade::{
@@ -24,7 +25,7 @@ use gpu_stack_e2e::upgrade::{
     unschedulable,
 };
 use gpu_stack_e2e::{GpuFleet, TestCluster, wait_for};
-use kube::Client;
+use kube::{Client, ResourceExt};
 
 /// GPU nodes in the fleet.
 const NODES: usize = 50;
@@ -97,14 +98,21 @@ async fn rollout(
     let _operator = OperatorProcess::start(bin, kubeconfig, namespace, "upgrade-e2e", &[])?;
     apply_policy(admin, spec("550.54.15")).await?;
     wait_for(
-        "a driver pod in sync on every node, no node labelled (none needed an upgrade)",
+        "a driver pod in sync on every node, no node labelled (none needed an upgrade), \
+         each telling NVIDIA's driver manager that the controller drains it",
         ROLLOUT,
         || async {
             let pods = driver_pods(admin, namespace, prefix).await?;
             let nodes = fleet_nodes(admin, &selector).await?;
             Ok((pods.len() == NODES
                 && pods.values().all(|ok| *ok)
-                && nodes.iter().all(|n| state_of(n).is_empty()))
+                && nodes.iter().all(|n| {
+                    state_of(n).is_empty()
+                        && n.annotations()
+                            .get(DRIVER_UPGRADE_ENABLED)
+                            .map(String::as_str)
+                            == Some("true")
+                }))
             .then_some(()))
         },
     )

@@ -70,6 +70,12 @@ pub const MIG_MANAGER_OFF: &str = "nvidia.com/gpu-stack.mig-manager-off";
 /// Value of [`MIG_MANAGER_OFF`]: the DRA plugin owns the node's MIG layout.
 pub const MIG_MANAGER_OFF_FOR_DRA: &str = "dra-driver";
 
+/// Node annotation NVIDIA's k8s-driver-manager (the driver pod's init
+/// container) reads: `true` leaves draining and pausing the node to the
+/// operator's upgrade controller; without it the driver manager evicts GPU
+/// pods and pauses operands itself at every driver pod start.
+pub const DRIVER_UPGRADE_ENABLED: &str = "nvidia.com/gpu-driver-upgrade-enabled";
+
 /// Node labels as a sorted map.
 pub type Labels = BTreeMap<String, String>;
 
@@ -359,6 +365,34 @@ pub fn deploy_label_patch(labels: &Labels, policy: &LabelPolicy) -> LabelPatch {
 
     // Keep only real changes.
     want.retain(|k, v| labels.get(k) != v.as_ref());
+    want
+}
+
+/// The change to a node's [`DRIVER_UPGRADE_ENABLED`] annotation, kept as
+/// NVIDIA's operator keeps it: on a node labelled `gpu.present=true` it is
+/// `true` while the upgrade controller is on (`upgradePolicy.autoUpgrade`
+/// without sandbox workloads) and absent otherwise; other nodes are left
+/// as they are. `labels` are the node's labels after the operator's patch.
+pub fn upgrade_annotation_patch(
+    labels: &Labels,
+    annotations: Option<&Labels>,
+    controller_on: bool,
+) -> LabelPatch {
+    let mut want = LabelPatch::new();
+    if labels.get(GPU_PRESENT).is_none_or(|v| v != "true") {
+        return want;
+    }
+    let current = annotations.and_then(|a| a.get(DRIVER_UPGRADE_ENABLED));
+    match (controller_on, current) {
+        (true, Some(v)) if v == "true" => {}
+        (true, _) => {
+            want.insert(DRIVER_UPGRADE_ENABLED.into(), Some("true".into()));
+        }
+        (false, Some(_)) => {
+            want.insert(DRIVER_UPGRADE_ENABLED.into(), None);
+        }
+        (false, None) => {}
+    }
     want
 }
 
@@ -678,6 +712,27 @@ mod tests {
                     deploy_label_patch(&relabelled, &pol),
                     deploy_label_patch(&l, &pol)
                 );
+            }
+        }
+
+        #[test]
+        fn upgrade_annotation_follows_the_controller_on_gpu_nodes_only(
+            l in arb_labels(),
+            before in prop::option::of(prop::sample::select(vec!["true", "false", ""])),
+            on in any::<bool>(),
+        ) {
+            let mut annotations: Labels = before
+                .map(|v| (DRIVER_UPGRADE_ENABLED.to_string(), v.to_string()))
+                .into_iter()
+                .collect();
+            let p = upgrade_annotation_patch(&l, Some(&annotations), on);
+            apply_patch(&mut annotations, &p);
+            prop_assert!(upgrade_annotation_patch(&l, Some(&annotations), on).is_empty());
+            let now = annotations.get(DRIVER_UPGRADE_ENABLED).map(String::as_str);
+            if l.get(GPU_PRESENT).is_some_and(|v| v == "true") {
+                prop_assert_eq!(now, on.then_some("true"));
+            } else {
+                prop_assert!(p.is_empty());
             }
         }
 

@@ -283,7 +283,7 @@ impl<C: Cluster> Operator<C> {
         // each node as its labels land, instead of after the last of a large
         // fleet's patches.
         futures::try_join!(
-            self.patch_labels(&want.node_labels),
+            self.patch_nodes(&want.node_labels, &want.node_annotations),
             self.apply_objects(&want.apply)
         )?;
         report.labelled = want.node_labels.clone();
@@ -354,26 +354,33 @@ impl<C: Cluster> Operator<C> {
         Ok(report)
     }
 
-    /// Patches node labels, a bounded number in flight: the first pass over
-    /// a large fleet stays short without a request storm.
-    pub(crate) async fn patch_labels(
+    /// Patches node labels and annotations, one write per node, a bounded
+    /// number in flight: the first pass over a large fleet stays short
+    /// without a request storm.
+    pub(crate) async fn patch_nodes(
         &self,
         labels: &BTreeMap<String, LabelPatch>,
+        annotations: &BTreeMap<String, LabelPatch>,
     ) -> Result<(), OperatorError> {
+        let none = LabelPatch::new();
+        let mut nodes: Vec<&String> = labels.keys().chain(annotations.keys()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
         // Futures are built a batch at a time (a thousand at once were a
         // noticeable share of the operator's memory), in a loop rather than
         // a closure, which keeps the pass Send.
-        let labels: Vec<(&String, &LabelPatch)> = labels.iter().collect();
-        for batch in labels.chunks(NODE_PATCH_BATCH) {
+        for batch in nodes.chunks(NODE_PATCH_BATCH) {
             let mut patches = Vec::with_capacity(batch.len());
-            for &(node, patch) in batch {
+            for &node in batch {
                 let labelled = during(format!("patching the labels of node {node}"));
                 let cluster = &self.cluster;
+                let label_patch = labels.get(node).unwrap_or(&none);
+                let annotation_patch = annotations.get(node).unwrap_or(&none);
                 patches.push(async move {
                     // The updated node is dropped at once: holding every
                     // response (managed fields and all) was the pass's peak.
                     cluster
-                        .patch_node_labels(node, patch)
+                        .patch_node(node, label_patch, annotation_patch)
                         .await
                         .map(drop)
                         .map_err(labelled)

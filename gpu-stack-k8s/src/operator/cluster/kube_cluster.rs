@@ -276,13 +276,20 @@ impl Cluster for KubeCluster {
         }
     }
 
-    async fn patch_node_labels(
+    async fn patch_node(
         &self,
         node: &str,
-        patch: &LabelPatch,
+        labels: &LabelPatch,
+        annotations: &LabelPatch,
     ) -> Result<Node, ClusterError> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let body = serde_json::json!({ "metadata": { "labels": patch } });
+        let mut metadata = serde_json::Map::new();
+        for (field, patch) in [("labels", labels), ("annotations", annotations)] {
+            if !patch.is_empty() {
+                metadata.insert(field.into(), serde_json::json!(patch));
+            }
+        }
+        let body = serde_json::json!({ "metadata": metadata });
         let meta = api
             .patch_metadata(node, &PatchParams::default(), &Patch::Merge(&body))
             .await

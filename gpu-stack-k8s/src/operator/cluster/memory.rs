@@ -452,10 +452,11 @@ impl Cluster for InMemoryCluster {
         Ok(())
     }
 
-    async fn patch_node_labels(
+    async fn patch_node(
         &self,
         node: &str,
-        patch: &LabelPatch,
+        label_patch: &LabelPatch,
+        annotation_patch: &LabelPatch,
     ) -> Result<Node, ClusterError> {
         let mut st = self.lock();
         let Some(mut n) = st.nodes.get(node).cloned() else {
@@ -464,12 +465,15 @@ impl Cluster for InMemoryCluster {
             });
         };
         let mut labels = n.metadata.labels.clone().unwrap_or_default();
-        let before = labels.clone();
-        apply_patch(&mut labels, patch);
-        if labels == before {
+        let mut annotations = n.metadata.annotations.clone().unwrap_or_default();
+        let before = (labels.clone(), annotations.clone());
+        apply_patch(&mut labels, label_patch);
+        apply_patch(&mut annotations, annotation_patch);
+        if (&labels, &annotations) == (&before.0, &before.1) {
             return Ok(n);
         }
         n.metadata.labels = Some(labels);
+        n.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
         n.metadata.resource_version = Some(st.next_rv());
         st.writes += 1;
         st.nodes.insert(node.to_string(), n.clone());

@@ -61,6 +61,9 @@ pub enum ClusterError {
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
+/// A patch that changes nothing.
+static NO_CHANGE: LabelPatch = LabelPatch::new();
+
 /// A change to a node, as a watch reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum NodeEvent {
@@ -91,12 +94,23 @@ pub trait Cluster: Send + Sync {
     /// Deletes an object; deleting a missing object is not an error.
     fn delete(&self, key: &ObjectKey) -> impl Future<Output = Result<(), ClusterError>> + Send;
 
+    /// Sets (`Some`) or removes (`None`) node labels and annotations in one
+    /// write; returns the updated node.
+    fn patch_node(
+        &self,
+        node: &str,
+        labels: &LabelPatch,
+        annotations: &LabelPatch,
+    ) -> impl Future<Output = Result<Node, ClusterError>> + Send;
+
     /// Sets (`Some`) or removes (`None`) node labels; returns the updated node.
     fn patch_node_labels(
         &self,
         node: &str,
-        patch: &LabelPatch,
-    ) -> impl Future<Output = Result<Node, ClusterError>> + Send;
+        labels: &LabelPatch,
+    ) -> impl Future<Output = Result<Node, ClusterError>> + Send {
+        self.patch_node(node, labels, &NO_CHANGE)
+    }
 
     /// All ClusterPolicies.
     fn list_cluster_policies(

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use gpu_stack_core::operator::components::Component;
 use gpu_stack_core::operator::labels::{
-    DEPLOY_OPERANDS, DEPLOY_PREFIX, GPU_PRESENT, LabelPatch, MIG_MANAGER_OFF, NodeFacts,
-    WORKLOAD_CONFIG, Workload, node_workload, paused_operands,
+    DEPLOY_OPERANDS, DEPLOY_PREFIX, DRIVER_UPGRADE_ENABLED, GPU_PRESENT, LabelPatch,
+    MIG_MANAGER_OFF, NodeFacts, WORKLOAD_CONFIG, Workload, node_workload, paused_operands,
 };
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
@@ -176,9 +176,21 @@ impl OperatorPass {
             .map(|node| (node.name_any(), cleanup_patch(node.labels())))
             .filter(|(_, patch)| !patch.is_empty())
             .collect();
+        // NVIDIA's driver manager, if anything still runs it, evicts by itself again.
+        let annotations: BTreeMap<String, LabelPatch> = self
+            .caches
+            .nodes
+            .state()
+            .iter()
+            .filter(|node| node.annotations().contains_key(DRIVER_UPGRADE_ENABLED))
+            .map(|node| {
+                let removal = [(DRIVER_UPGRADE_ENABLED.to_string(), None)].into();
+                (node.name_any(), removal)
+            })
+            .collect();
         // The same bounded, batched writes as a pass's labels.
         self.operator
-            .patch_labels(&patches)
+            .patch_nodes(&patches, &annotations)
             .await
             .map_err(|e| match e {
                 OperatorError::Cluster { during, source } => KubePassError::Cleanup {

@@ -16,7 +16,7 @@ use gpu_stack_core::operator::driver::{
 };
 use gpu_stack_core::operator::labels::{
     GPU_PRODUCT, LabelPatch, Labels, NFD_KERNEL, NFD_OS_ID, NFD_OS_VERSION, NFD_OS_VERSION_MAJOR,
-    NodeFacts, Workload, apply_patch, deploy_label_patch, node_workload,
+    NodeFacts, Workload, apply_patch, deploy_label_patch, node_workload, upgrade_annotation_patch,
 };
 use gpu_stack_core::operator::nvidiadriver::{DriverCr, DriversPlan, plan_drivers};
 use k8s_openapi::api::core::v1::{Node, Taint};
@@ -87,6 +87,10 @@ pub struct Desired {
     pub delete: Vec<ObjectKey>,
     /// Label changes per node (only nodes with changes).
     pub node_labels: BTreeMap<String, LabelPatch>,
+    /// Annotation changes per node (only nodes with changes), written with
+    /// the node's label changes.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_annotations: BTreeMap<String, LabelPatch>,
     /// Status of the policy (condition times are left to the caller).
     pub status: ClusterPolicyStatus,
     /// The driver plan behind the driver DaemonSets (with NVIDIADrivers,
@@ -106,7 +110,10 @@ pub struct Desired {
 impl Desired {
     /// Whether applying this changes anything in the cluster (status aside).
     pub fn has_changes(&self) -> bool {
-        !self.apply.is_empty() || !self.delete.is_empty() || !self.node_labels.is_empty()
+        !self.apply.is_empty()
+            || !self.delete.is_empty()
+            || !self.node_labels.is_empty()
+            || !self.node_annotations.is_empty()
     }
 }
 
@@ -399,6 +406,7 @@ pub fn desired_state_with(
             apply: Vec::new(),
             delete: Vec::new(),
             node_labels: BTreeMap::new(),
+            node_annotations: BTreeMap::new(),
             status,
             driver: DriverPlan::default(),
             nvidia_drivers: None,
@@ -509,6 +517,18 @@ pub fn desired_state_with(
             .entry(name.clone())
             .or_insert_with(LabelPatch::new)
             .extend(patch.clone());
+    }
+    // NVIDIA's driver manager reads from each GPU node whether the upgrade
+    // controller drains it, or whether it must evict by itself.
+    let upgrade_controller = spec.upgrade_policy().is_some_and(|u| u.auto_upgrade)
+        && label_policy.sandbox_default.is_none();
+    let mut node_annotations = BTreeMap::new();
+    for (n, (name, labels)) in nodes.iter().zip(&effective) {
+        let annotations = n.node_metadata().annotations.as_ref();
+        let patch = upgrade_annotation_patch(labels, annotations, upgrade_controller);
+        if !patch.is_empty() {
+            node_annotations.insert(name.clone(), patch);
+        }
     }
 
     // Objects.
@@ -718,6 +738,7 @@ pub fn desired_state_with(
         apply,
         delete,
         node_labels,
+        node_annotations,
         status,
         driver,
         nvidia_drivers: drivers_plan,

@@ -1353,3 +1353,32 @@ fn nodes_labelled_for_virtual_machines_get_no_container_operands() {
     let driven: Vec<&String> = plain.driver.pools.iter().flat_map(|p| &p.nodes).collect();
     assert_eq!(driven, ["gpu-1", "vm-1"]);
 }
+
+#[test]
+fn gpu_nodes_say_whether_the_upgrade_controller_drains_them() {
+    let annotation = gpu_stack_core::operator::labels::DRIVER_UPGRADE_ENABLED;
+    let nodes = [mig_gpu_node("gpu-1")];
+    let auto = policy_with(serde_json::json!({"driver": {"upgradePolicy": {"autoUpgrade": true}}}));
+    let d = desired_state(&auto, &nodes, &[], &Options::default());
+    assert_eq!(
+        d.node_annotations["gpu-1"].get(annotation),
+        Some(&Some("true".to_string()))
+    );
+    // Written with the node's labels, as one patch.
+    assert!(d.node_labels.contains_key("gpu-1"));
+
+    // autoUpgrade off, or sandbox workloads on: the annotation goes.
+    let mut annotated = mig_gpu_node("gpu-1");
+    annotated.metadata.annotations = Some([(annotation.to_string(), "true".to_string())].into());
+    let annotated = [annotated];
+    for spec in [
+        serde_json::json!({}),
+        serde_json::json!({"driver": {"upgradePolicy": {"autoUpgrade": true}},
+                           "sandboxWorkloads": {"enabled": true}}),
+    ] {
+        let d = desired_state(&policy_with(spec), &annotated, &[], &Options::default());
+        assert_eq!(d.node_annotations["gpu-1"].get(annotation), Some(&None));
+    }
+    let d = desired_state(&auto, &annotated, &[], &Options::default());
+    assert!(d.node_annotations.is_empty());
+}
