@@ -14,7 +14,5 @@ pub mod selector;
 pub mod state;
 mod steps;
 
-pub use selector::{LabelSelector, SelectorError};
-
 #[cfg(test)]
 mod tests;
