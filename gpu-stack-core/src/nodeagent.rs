@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn the_driver_upgrade_waits_for_the_agent_that_hosts_the_validator() {
-        let selector = crate::operator::upgrade::VALIDATOR_POD_SELECTOR;
+        let selector = crate::operator::upgrade::state::VALIDATOR_POD_SELECTOR;
         assert!(selector.contains(NODE_AGENT_APP), "{selector}");
     }
 

@@ -27,7 +27,7 @@ use super::driver::{
     branch_of, check_gpu, is_digest, plan_driver, resolve_module_type, sanitize_name_part,
 };
 use super::labels::{LabelPatch, Labels};
-use super::upgrade::UpgradePolicy;
+use super::upgrade::policy::UpgradePolicy;
 
 /// Node label naming the NVIDIADriver that owns the node's driver.
 pub const OWNER_LABEL: &str = "nvidia.com/gpu-operator.driver.owner";

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use super::*;
+use super::{pass::*, policy::*, selector::LabelSelector, state::*};
 
 fn yaml(text: &str) -> UpgradePolicy {
     crate::yaml_guard::from_str(text).unwrap()

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use gpu_stack_core::dra::devices::DEFAULT_DRIVER_NAME;
 use gpu_stack_core::operator::components::{Component, Enablement};
 use gpu_stack_core::operator::driver::{DriverRequest, KernelModuleType};
-use gpu_stack_core::operator::upgrade::UpgradePolicy;
+use gpu_stack_core::operator::upgrade::policy::UpgradePolicy;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

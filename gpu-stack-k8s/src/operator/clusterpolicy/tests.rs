@@ -325,7 +325,7 @@ fn upgrade_policy_is_typed_with_nvidia_defaults() {
     // Unset fields take the defaults NVIDIA's CRD writes.
     assert_eq!(
         u.max_unavailable,
-        gpu_stack_core::operator::upgrade::IntOrString::String("25%".into())
+        gpu_stack_core::operator::upgrade::policy::IntOrString::String("25%".into())
     );
     assert_eq!(u.pod_deletion.timeout_seconds, 300);
     assert!(!u.drain.enable);

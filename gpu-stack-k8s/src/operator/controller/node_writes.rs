@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpu_stack_core::operator::upgrade;
+use gpu_stack_core::operator::upgrade::state::ANNOTATION_PREFIX;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::Value;
@@ -54,7 +54,7 @@ pub fn shows(node: &Node, patch: &Value) -> bool {
         .unwrap_or(false);
     matches(meta.labels.as_ref(), &patched["labels"], &|_| true)
         && matches(meta.annotations.as_ref(), &patched["annotations"], &|k| {
-            k.starts_with(upgrade::ANNOTATION_PREFIX)
+            k.starts_with(ANNOTATION_PREFIX)
         })
         && patch["spec"]["unschedulable"]
             .as_bool()
@@ -120,6 +120,7 @@ impl NodeWriteFence {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpu_stack_core::operator::upgrade::state::SAFE_LOAD_ANNOTATION;
     use k8s_openapi::api::core::v1::NodeSpec;
     use kube::runtime::reflector::{self, store::Writer};
     use kube::runtime::watcher::Event;
@@ -176,7 +177,7 @@ mod tests {
     fn shows_reads_labels_upgrade_annotations_and_unschedulable() {
         let mut n = node("a", "1");
         n.metadata.labels = Some([("l".to_string(), "v".to_string())].into());
-        let safe_load = upgrade::SAFE_LOAD_ANNOTATION;
+        let safe_load = SAFE_LOAD_ANNOTATION;
         assert!(shows(
             &n,
             &json!({"metadata": {"labels": {"l": "v", "x": null}}})

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, future};
-use gpu_stack_core::operator::upgrade;
+use gpu_stack_core::operator::upgrade::state::ANNOTATION_PREFIX;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Namespace, Node, NodeCondition, NodeSpec, NodeStatus, Service, ServiceAccount, Taint,
@@ -49,7 +49,7 @@ pub const NODE_LIST_PAGE: u32 = 100;
 
 /// Cuts a node down to what the operator reads before it is stored: its
 /// name, uid, resource version, labels, taints, the driver upgrade flow's
-/// annotations ([`upgrade::ANNOTATION_PREFIX`]), `spec.unschedulable` and
+/// annotations ([`ANNOTATION_PREFIX`]), `spec.unschedulable` and
 /// the Ready condition's status. The rest of the status (images, other
 /// conditions, addresses, heartbeat times), the rest of the spec, other
 /// annotations and managed fields would be nearly all of what a 1,000-node
@@ -64,7 +64,7 @@ pub fn strip_node(node: &mut Node) {
         .take()
         .map(|a| {
             a.into_iter()
-                .filter(|(k, _)| k.starts_with(upgrade::ANNOTATION_PREFIX))
+                .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
                 .collect::<BTreeMap<_, _>>()
         })
         .filter(|a| !a.is_empty());
@@ -359,6 +359,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpu_stack_core::operator::upgrade::state::SAFE_LOAD_ANNOTATION;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
 
     fn full_node(taints: Option<Vec<Taint>>) -> Node {
@@ -410,13 +411,7 @@ mod tests {
                 uid: Some("u-1".into()),
                 resource_version: Some("7".into()),
                 labels: Some([("nvidia.com/gpu.present".to_string(), "true".to_string())].into()),
-                annotations: Some(
-                    [(
-                        upgrade::SAFE_LOAD_ANNOTATION.to_string(),
-                        "true".to_string(),
-                    )]
-                    .into(),
-                ),
+                annotations: Some([(SAFE_LOAD_ANNOTATION.to_string(), "true".to_string())].into()),
                 ..ObjectMeta::default()
             },
             spec: Some(NodeSpec {

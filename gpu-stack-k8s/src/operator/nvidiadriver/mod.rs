@@ -20,7 +20,7 @@ use gpu_stack_core::operator::driver::{DriverRequest, KernelModuleType};
 use gpu_stack_core::operator::nvidiadriver::{
     DriverCr, DriverType, NvidiaDriverError, REASON_CONFLICTING_NODE_SELECTOR, Routing,
 };
-use gpu_stack_core::operator::upgrade::UpgradePolicy;
+use gpu_stack_core::operator::upgrade::policy::UpgradePolicy;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -77,7 +77,7 @@ fn nvidia_document_deserializes_and_round_trips() {
     let policy = d.spec.upgrade_policy();
     assert_eq!(
         policy.max_unavailable,
-        gpu_stack_core::operator::upgrade::IntOrString::String("25%".into())
+        gpu_stack_core::operator::upgrade::policy::IntOrString::String("25%".into())
     );
     let back = serde_json::to_value(&d).unwrap();
     assert_eq!(back["spec"]["futureField"], 1);

@@ -3,9 +3,8 @@
 //! evictions and driver pod deletions.
 use std::collections::BTreeSet;
 
-use gpu_stack_core::operator::upgrade::{
-    NodeDecision, PodRef, STATE_LABEL, UpgradeAction, UpgradeState,
-};
+use gpu_stack_core::operator::upgrade::pass::{NodeDecision, PodRef, UpgradeAction};
+use gpu_stack_core::operator::upgrade::state::{STATE_LABEL, UpgradeState};
 use serde_json::{Map, Value, json};
 
 /// The requests one node's decision needs.

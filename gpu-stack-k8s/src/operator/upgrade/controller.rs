@@ -11,9 +11,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::stream::BoxStream;
 use futures::{StreamExt, stream};
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
-use gpu_stack_core::operator::upgrade::{
-    NodeObservation, PassOptions, STATE_LABEL, STATE_START_TIME_ANNOTATION, UpgradeGroup,
-    UpgradePlan, UpgradePolicy, UpgradeState, plan_groups, stuck_in_groups,
+use gpu_stack_core::operator::upgrade::pass::{
+    NodeObservation, PassOptions, UpgradeGroup, UpgradePlan, plan_groups, stuck_in_groups,
+};
+use gpu_stack_core::operator::upgrade::policy::UpgradePolicy;
+use gpu_stack_core::operator::upgrade::state::{
+    STATE_LABEL, STATE_START_TIME_ANNOTATION, UpgradeState,
 };
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
@@ -453,7 +456,10 @@ impl UpgradeController {
         })
     }
 
-    async fn publish_stuck(&mut self, stuck: &[gpu_stack_core::operator::upgrade::StuckNode]) {
+    async fn publish_stuck(
+        &mut self,
+        stuck: &[gpu_stack_core::operator::upgrade::pass::StuckNode],
+    ) {
         let all: Vec<(ObjectReference, Decision)> = stuck
             .iter()
             .map(|s| {

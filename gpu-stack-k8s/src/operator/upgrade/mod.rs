@@ -2,9 +2,9 @@
 //! [`gpu_stack_core::operator::upgrade`].
 //!
 //! Each pass reads the watch caches ([`watches`]), builds one
-//! [`NodeObservation`](gpu_stack_core::operator::upgrade::NodeObservation)
+//! [`NodeObservation`](gpu_stack_core::operator::upgrade::pass::NodeObservation)
 //! per node that runs a driver pod ([`observe`]), runs the pure
-//! [`plan_pass`](gpu_stack_core::operator::upgrade::plan_pass), and applies
+//! [`plan_pass`](gpu_stack_core::operator::upgrade::pass::plan_pass), and applies
 //! the decisions ([`apply`]).
 //!
 //! Reads per pass: none from the API server but one list of pods by
@@ -36,7 +36,9 @@ pub mod controller;
 pub mod observe;
 pub mod watches;
 
-use gpu_stack_core::operator::upgrade::{StuckNode, UpgradePlan, UpgradePolicyError, UpgradeState};
+use gpu_stack_core::operator::upgrade::pass::{StuckNode, UpgradePlan};
+use gpu_stack_core::operator::upgrade::policy::UpgradePolicyError;
+use gpu_stack_core::operator::upgrade::state::UpgradeState;
 
 use crate::operator::clusterpolicy::{Condition, DriverUpgradeStatus, StuckUpgradeNode};
 use crate::operator::controller::watches::CacheError;

@@ -5,9 +5,13 @@
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpu_stack_core::operator::upgrade::{
-    DRIVER_POD_FAILING_RESTARTS, DriverPodObservation, LabelSelector, NodeObservation, PodRef,
-    STATE_LABEL, UpgradeMarks, UpgradePolicy, UpgradeState, ValidatorStatus,
+use gpu_stack_core::operator::upgrade::pass::{
+    DriverPodObservation, NodeObservation, PodRef, ValidatorStatus,
+};
+use gpu_stack_core::operator::upgrade::policy::UpgradePolicy;
+use gpu_stack_core::operator::upgrade::selector::LabelSelector;
+use gpu_stack_core::operator::upgrade::state::{
+    DRIVER_POD_FAILING_RESTARTS, STATE_LABEL, UpgradeMarks, UpgradeState,
 };
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};

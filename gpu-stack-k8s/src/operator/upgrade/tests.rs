@@ -1,9 +1,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpu_stack_core::operator::upgrade::{
-    NodeDecision, PassOptions, STATE_LABEL, UpgradeAction, UpgradePolicy, UpgradeState,
-    ValidatorStatus, plan_pass,
+use gpu_stack_core::operator::upgrade::pass::{
+    NodeDecision, PassOptions, UpgradeAction, ValidatorStatus, plan_pass,
 };
+use gpu_stack_core::operator::upgrade::policy::UpgradePolicy;
+use gpu_stack_core::operator::upgrade::state::{STATE_LABEL, UpgradeState};
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
@@ -185,7 +186,7 @@ fn node_pods_are_sorted_into_gpu_wait_and_drain() {
     ];
     let driver = BTreeSet::from(["drv".to_string()]);
     let sorted = sort_node_pods(&pods, &selectors, &driver);
-    let names = |v: &[gpu_stack_core::operator::upgrade::PodRef]| {
+    let names = |v: &[gpu_stack_core::operator::upgrade::pass::PodRef]| {
         v.iter().map(|p| p.name.clone()).collect::<Vec<_>>()
     };
     assert_eq!(names(&sorted.gpu), ["gpu-1", "mig-1", "gpu-gone"]);
@@ -235,16 +236,16 @@ fn a_decision_becomes_one_node_patch_then_pod_work() {
         next: UpgradeState::PodDeletionRequired,
         actions: vec![
             UpgradeAction::Evict {
-                purpose: gpu_stack_core::operator::upgrade::EvictionPurpose::PodDeletion,
+                purpose: gpu_stack_core::operator::upgrade::pass::EvictionPurpose::PodDeletion,
                 pods: vec![
-                    gpu_stack_core::operator::upgrade::PodRef {
+                    gpu_stack_core::operator::upgrade::pass::PodRef {
                         namespace: "w".into(),
                         name: "p1".into(),
                         controlled: true,
                         daemon_set: false,
                         empty_dir: false,
                     },
-                    gpu_stack_core::operator::upgrade::PodRef {
+                    gpu_stack_core::operator::upgrade::pass::PodRef {
                         namespace: "w".into(),
                         name: "p2".into(),
                         controlled: true,
@@ -317,7 +318,8 @@ fn a_version_bump_over_observed_nodes_starts_within_the_budget_and_reports_progr
 #[test]
 fn nodes_are_grouped_by_the_nvidiadriver_that_owns_them() {
     use super::controller::{Policies, group_nodes};
-    use gpu_stack_core::operator::upgrade::{NodeObservation, UpgradePolicy};
+    use gpu_stack_core::operator::upgrade::pass::NodeObservation;
+    use gpu_stack_core::operator::upgrade::policy::UpgradePolicy;
     let obs = |name: &str| NodeObservation {
         name: name.into(),
         ..NodeObservation::default()

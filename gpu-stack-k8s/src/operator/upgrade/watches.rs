@@ -6,7 +6,7 @@
 //! before it is stored, so the caches of a 1,000-node fleet stay small.
 use futures::stream::BoxStream;
 use futures::{StreamExt, future};
-use gpu_stack_core::operator::upgrade::VALIDATOR_POD_SELECTOR;
+use gpu_stack_core::operator::upgrade::state::VALIDATOR_POD_SELECTOR;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetSpec, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
