@@ -780,11 +780,7 @@ mod tests {
         };
         assert_eq!(node_workload(&vm, &vgpu_default), Workload::VmVgpu);
         assert_eq!(node_workload(&vm, &on), Workload::Container);
-        assert!(
-            deploy_label_patch(&vm, &on)
-                .get("nvidia.com/gpu.deploy.driver")
-                .is_none()
-        );
+        assert!(!deploy_label_patch(&vm, &on).contains_key("nvidia.com/gpu.deploy.driver"));
     }
 
     #[test]
