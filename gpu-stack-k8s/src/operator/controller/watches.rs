@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, Lookup, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -324,6 +324,39 @@ where
     store
 }
 
+/// Starts a watch of `api` into a new store of summaries (`summarize` turns
+/// each decoded object into what is kept; a summary type can be far smaller
+/// than the object stripped), and adds its change stream to `triggers`.
+pub(crate) fn watch_summarized<K, S>(
+    api: Api<K>,
+    config: watcher::Config,
+    summarize: fn(K) -> S,
+    triggers: &mut Vec<BoxStream<'static, ()>>,
+) -> Store<S>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    S: Lookup<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    let (store, mut writer) = reflector::store();
+    let changes = watcher(api, config)
+        .default_backoff()
+        .map(move |event| {
+            let event = event.map(|e| match e {
+                watcher::Event::Apply(o) => watcher::Event::Apply(summarize(o)),
+                watcher::Event::Delete(o) => watcher::Event::Delete(summarize(o)),
+                watcher::Event::InitApply(o) => watcher::Event::InitApply(summarize(o)),
+                watcher::Event::Init => watcher::Event::Init,
+                watcher::Event::InitDone => watcher::Event::InitDone,
+            })?;
+            writer.apply_watcher_event(&event);
+            Ok(())
+        })
+        .filter_map(|r| future::ready(logged(K::kind(&()).as_ref(), r)))
+        .boxed();
+    triggers.push(changes);
+    store
+}
+
 /// Passes objects through; logs watch errors (the watch itself retries with
 /// backoff) so that, say, a missing RBAC rule is visible.
 fn logged<K>(kind: &str, result: Result<K, watcher::Error>) -> Option<K> {
@@ -339,7 +372,7 @@ fn logged<K>(kind: &str, result: Result<K, watcher::Error>) -> Option<K> {
 /// Waits (at most [`SYNC_TIMEOUT`]) until `store` has its first list.
 pub(crate) async fn synced<K>(kind: &'static str, store: &Store<K>) -> Result<(), CacheError>
 where
-    K: Resource + Clone + 'static,
+    K: Lookup + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     match tokio::time::timeout(SYNC_TIMEOUT, store.wait_until_ready()).await {

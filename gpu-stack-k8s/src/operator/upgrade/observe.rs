@@ -4,6 +4,7 @@
 //! their workload.
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use gpu_stack_core::operator::upgrade::pass::{
     DriverPodObservation, NodeObservation, PodRef, ValidatorStatus,
@@ -16,6 +17,8 @@ use gpu_stack_core::operator::upgrade::state::{
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
+
+use super::watches::WatchedPod;
 
 /// The label the DaemonSet controller puts on every pod (and revision) with
 /// the hash of the template it was created from.
@@ -93,51 +96,161 @@ where
     Ok(out)
 }
 
-fn phase(pod: &Pod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("")
+/// What the upgrade flow reads of a driver or validator pod: a [`Pod`] as
+/// listed, or a [`WatchedPod`] from the caches.
+pub trait PodView {
+    /// Namespace.
+    fn pod_namespace(&self) -> &str;
+    /// Name.
+    fn pod_name(&self) -> &str;
+    /// The node it is bound to.
+    fn node(&self) -> Option<&str>;
+    /// Phase (`Running`, ...), empty when unknown.
+    fn phase(&self) -> &str;
+    /// Each container's readiness and restart count.
+    fn containers(&self) -> impl Iterator<Item = (bool, i32)> + '_;
+    /// Its `controller-revision-hash` label.
+    fn revision(&self) -> Option<&str>;
+    /// Kind and UID of its controller.
+    fn controller(&self) -> Option<(&str, &str)>;
+    /// Whether its deletion has begun.
+    fn terminating(&self) -> bool;
+}
+
+impl PodView for Pod {
+    fn pod_namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+
+    fn pod_name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    fn node(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.node_name.as_deref())
+    }
+
+    fn phase(&self) -> &str {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("")
+    }
+
+    fn containers(&self) -> impl Iterator<Item = (bool, i32)> + '_ {
+        self.status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .map(|c| (c.ready, c.restart_count))
+    }
+
+    fn revision(&self) -> Option<&str> {
+        self.labels().get(REVISION_HASH_LABEL).map(String::as_str)
+    }
+
+    fn controller(&self) -> Option<(&str, &str)> {
+        self.owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .map(|o| (o.kind.as_str(), o.uid.as_str()))
+    }
+
+    fn terminating(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+}
+
+impl PodView for WatchedPod {
+    fn pod_namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn pod_name(&self) -> &str {
+        &self.name
+    }
+
+    fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    fn phase(&self) -> &str {
+        &self.phase
+    }
+
+    fn containers(&self) -> impl Iterator<Item = (bool, i32)> + '_ {
+        self.containers.iter().copied()
+    }
+
+    fn revision(&self) -> Option<&str> {
+        self.revision.as_deref()
+    }
+
+    fn controller(&self) -> Option<(&str, &str)> {
+        self.controller
+            .as_ref()
+            .map(|(k, u)| (k.as_str(), u.as_str()))
+    }
+
+    fn terminating(&self) -> bool {
+        self.terminating
+    }
+}
+
+impl<T: PodView> PodView for Arc<T> {
+    fn pod_namespace(&self) -> &str {
+        T::pod_namespace(self)
+    }
+
+    fn pod_name(&self) -> &str {
+        T::pod_name(self)
+    }
+
+    fn node(&self) -> Option<&str> {
+        T::node(self)
+    }
+
+    fn phase(&self) -> &str {
+        T::phase(self)
+    }
+
+    fn containers(&self) -> impl Iterator<Item = (bool, i32)> + '_ {
+        T::containers(self)
+    }
+
+    fn revision(&self) -> Option<&str> {
+        T::revision(self)
+    }
+
+    fn controller(&self) -> Option<(&str, &str)> {
+        T::controller(self)
+    }
+
+    fn terminating(&self) -> bool {
+        T::terminating(self)
+    }
 }
 
 /// Running with every container Ready.
-pub fn pod_ready(pod: &Pod) -> bool {
-    phase(pod) == "Running"
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .is_some_and(|cs| !cs.is_empty() && cs.iter().all(|c| c.ready))
+pub fn pod_ready(pod: &impl PodView) -> bool {
+    let mut containers = pod.containers().peekable();
+    pod.phase() == "Running" && containers.peek().is_some() && containers.all(|(ready, _)| ready)
 }
 
-fn pod_failing(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                !c.ready
-                    && c.restart_count
-                        > i32::try_from(DRIVER_POD_FAILING_RESTARTS).unwrap_or(i32::MAX)
-            })
-        })
-}
-
-fn node_of(pod: &Pod) -> Option<&str> {
-    pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+fn pod_failing(pod: &impl PodView) -> bool {
+    let limit = i32::try_from(DRIVER_POD_FAILING_RESTARTS).unwrap_or(i32::MAX);
+    pod.containers()
+        .any(|(ready, restarts)| !ready && restarts > limit)
 }
 
 /// The driver pod of each node: its pod that is not terminating if there is
 /// one (a replacement may already run next to the old one), else the
 /// terminating one.
-fn driver_pods_by_node<P: Borrow<Pod>>(pods: &[P]) -> BTreeMap<&str, &Pod> {
-    let mut out: BTreeMap<&str, &Pod> = BTreeMap::new();
+fn driver_pods_by_node<P: PodView>(pods: &[P]) -> BTreeMap<&str, &P> {
+    let mut out: BTreeMap<&str, &P> = BTreeMap::new();
     for pod in pods {
-        let pod = pod.borrow();
-        let Some(node) = node_of(pod) else { continue };
-        let live = pod.metadata.deletion_timestamp.is_none();
+        let Some(node) = pod.node() else { continue };
         match out.get(node) {
-            Some(seen) if seen.metadata.deletion_timestamp.is_none() || !live => {}
+            Some(seen) if !seen.terminating() || pod.terminating() => {}
             _ => {
                 out.insert(node, pod);
             }
@@ -146,31 +259,27 @@ fn driver_pods_by_node<P: Borrow<Pod>>(pods: &[P]) -> BTreeMap<&str, &Pod> {
     out
 }
 
-fn driver_observation(pod: &Pod, revisions: &BTreeMap<String, String>) -> DriverPodObservation {
-    let owner = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+fn driver_observation(
+    pod: &impl PodView,
+    revisions: &BTreeMap<String, String>,
+) -> DriverPodObservation {
+    let owner = pod.controller().filter(|(kind, _)| *kind == "DaemonSet");
     DriverPodObservation {
-        namespace: pod.namespace().unwrap_or_default(),
-        name: pod.name_any(),
-        revision: pod
-            .labels()
-            .get(REVISION_HASH_LABEL)
-            .cloned()
-            .unwrap_or_default(),
-        daemonset_revision: owner.and_then(|o| revisions.get(&o.uid).cloned()),
+        namespace: pod.pod_namespace().to_string(),
+        name: pod.pod_name().to_string(),
+        revision: pod.revision().unwrap_or_default().to_string(),
+        daemonset_revision: owner.and_then(|(_, uid)| revisions.get(uid).cloned()),
         ready: pod_ready(pod),
-        terminating: pod.metadata.deletion_timestamp.is_some(),
+        terminating: pod.terminating(),
         failing: pod_failing(pod),
         missing: false,
     }
 }
 
-fn validator_status(pods: &[&Pod]) -> ValidatorStatus {
+fn validator_status<P: PodView>(pods: &[&P]) -> ValidatorStatus {
     if pods.is_empty() {
         ValidatorStatus::Absent
-    } else if pods.iter().all(|p| pod_ready(p)) {
+    } else if pods.iter().all(|p| pod_ready(*p)) {
         ValidatorStatus::Ready
     } else {
         ValidatorStatus::NotReady
@@ -292,7 +401,7 @@ pub fn sort_node_pods(
 ) -> NodePods {
     let mut out = NodePods::default();
     for pod in pods {
-        let ph = phase(pod);
+        let ph = pod.phase();
         if ph == "Succeeded" || ph == "Failed" {
             continue;
         }
@@ -353,24 +462,22 @@ pub fn observe_nodes<N, P>(
 ) -> Observed
 where
     N: Borrow<Node>,
-    P: Borrow<Pod>,
+    P: PodView,
 {
     let by_node = driver_pods_by_node(driver_pods);
-    let mut validators: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+    let mut validators: BTreeMap<&str, Vec<&P>> = BTreeMap::new();
     for p in validator_pods {
-        let p = p.borrow();
-        if let Some(n) = node_of(p) {
+        if let Some(n) = p.node() {
             validators.entry(n).or_default().push(p);
         }
     }
     let mut out = Observed::default();
     for p in driver_pods {
-        let p = p.borrow();
-        if let Some(n) = node_of(p) {
+        if let Some(n) = p.node() {
             out.driver_pods
                 .entry(n.to_string())
                 .or_default()
-                .insert(p.name_any());
+                .insert(p.pod_name().to_string());
         }
     }
     let empty = BTreeMap::new();
@@ -398,7 +505,7 @@ where
         // not count against maxUnavailable and its slot would go to another
         // node. It is observed with a missing pod, which holds its state.
         let driver_pod = match pod {
-            Some(pod) => driver_observation(pod, revisions),
+            Some(pod) => driver_observation(*pod, revisions),
             None if marks.state.in_progress() => DriverPodObservation {
                 missing: true,
                 ..DriverPodObservation::default()

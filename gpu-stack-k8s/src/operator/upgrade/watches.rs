@@ -3,21 +3,26 @@
 //! DaemonSets and their ControllerRevisions, the driver and validator pods
 //! (each watch filtered by label), and the nodes (the reconcile pass's
 //! store, shared). Every object is stripped to the fields the flow reads
-//! before it is stored, so the caches of a 1,000-node fleet stay small.
+//! before it is stored (pods into a [`WatchedPod`]), so the caches of a
+//! large fleet stay small.
 use futures::stream::BoxStream;
 use futures::{StreamExt, future};
 use gpu_stack_core::operator::upgrade::state::VALIDATOR_POD_SELECTOR;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetSpec, DaemonSetStatus};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodSpec, PodStatus};
+use std::borrow::Cow;
+
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{Lookup, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 
 use super::DRIVER_SELECTOR;
 use super::observe::REVISION_HASH_LABEL;
 use crate::operator::clusterpolicy::ClusterPolicy;
-use crate::operator::controller::watches::{CacheError, NodeStore, synced, watch_stripped};
+use crate::operator::controller::watches::{
+    CacheError, NodeStore, synced, watch_stripped, watch_summarized,
+};
 
 /// The caches an upgrade pass reads.
 #[derive(Clone)]
@@ -31,10 +36,10 @@ pub struct UpgradeStores {
     pub daemonsets: Store<DaemonSet>,
     /// Their ControllerRevisions, without the templates they hold.
     pub revisions: Store<ControllerRevision>,
-    /// Driver pods (see [`strip_pod`]).
-    pub driver_pods: Store<Pod>,
-    /// Validator and node-agent pods (see [`strip_pod`]).
-    pub validator_pods: Store<Pod>,
+    /// Driver pods.
+    pub driver_pods: Store<WatchedPod>,
+    /// Validator and node-agent pods.
+    pub validator_pods: Store<WatchedPod>,
 }
 
 impl UpgradeStores {
@@ -71,16 +76,16 @@ impl UpgradeStores {
                 strip_revision,
                 &mut triggers,
             ),
-            driver_pods: watch_stripped(
-                Api::namespaced(client.clone(), namespace),
+            driver_pods: watch_summarized(
+                Api::<Pod>::namespaced(client.clone(), namespace),
                 driver(),
-                strip_pod,
+                WatchedPod::from,
                 &mut fed,
             ),
-            validator_pods: watch_stripped(
-                Api::namespaced(client.clone(), namespace),
+            validator_pods: watch_summarized(
+                Api::<Pod>::namespaced(client.clone(), namespace),
                 watcher::Config::default().labels(VALIDATOR_POD_SELECTOR),
-                strip_pod,
+                WatchedPod::from,
                 &mut fed,
             ),
         };
@@ -100,46 +105,94 @@ impl UpgradeStores {
     }
 }
 
-/// Cuts a pod down to what the upgrade flow reads: identity, the revision
-/// hash label, its controller, deletion, node, phase, and each container's
-/// readiness and restart count.
-pub fn strip_pod(pod: &mut Pod) {
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    meta.annotations = None;
-    meta.finalizers = None;
-    meta.generate_name = None;
-    meta.labels = meta
-        .labels
-        .take()
-        .map(|l| {
-            l.into_iter()
-                .filter(|(k, _)| k == REVISION_HASH_LABEL)
-                .collect()
-        })
-        .filter(|l: &std::collections::BTreeMap<String, String>| !l.is_empty());
-    if let Some(owners) = meta.owner_references.as_mut() {
-        owners.retain(|o| o.controller == Some(true));
+/// A driver or validator pod as the upgrade caches keep it: the fields the
+/// flow reads, moved out of the decoded [`Pod`]. A `Pod` stripped of
+/// everything else would still take about 2.5 KB of empty fields (its spec
+/// and status are inline); this is its strings and little more.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WatchedPod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: Option<String>,
+    /// The node it is bound to.
+    pub node: Option<String>,
+    /// Its `controller-revision-hash` label.
+    pub revision: Option<String>,
+    /// Kind and UID of its controller.
+    pub controller: Option<(String, String)>,
+    /// Whether its deletion has begun.
+    pub terminating: bool,
+    /// Phase (`Running`, ...), empty when unknown.
+    pub phase: String,
+    /// Each container's readiness and restart count.
+    pub containers: Vec<(bool, i32)>,
+}
+
+impl From<Pod> for WatchedPod {
+    fn from(pod: Pod) -> Self {
+        let meta = pod.metadata;
+        let status = pod.status.unwrap_or_default();
+        WatchedPod {
+            namespace: meta.namespace.unwrap_or_default(),
+            name: meta.name.unwrap_or_default(),
+            uid: meta.uid,
+            node: pod.spec.and_then(|s| s.node_name),
+            revision: meta.labels.and_then(|mut l| l.remove(REVISION_HASH_LABEL)),
+            controller: meta
+                .owner_references
+                .into_iter()
+                .flatten()
+                .find(|o| o.controller == Some(true))
+                .map(|o| (o.kind, o.uid)),
+            terminating: meta.deletion_timestamp.is_some(),
+            phase: status.phase.unwrap_or_default(),
+            containers: status
+                .container_statuses
+                .into_iter()
+                .flatten()
+                .map(|c| (c.ready, c.restart_count))
+                .collect(),
+        }
     }
-    let node_name = pod.spec.take().and_then(|s| s.node_name);
-    pod.spec = Some(PodSpec {
-        node_name,
-        ..PodSpec::default()
-    });
-    pod.status = pod.status.take().map(|s| PodStatus {
-        phase: s.phase,
-        container_statuses: s.container_statuses.map(|cs| {
-            cs.into_iter()
-                .map(|c| ContainerStatus {
-                    name: c.name,
-                    ready: c.ready,
-                    restart_count: c.restart_count,
-                    ..ContainerStatus::default()
-                })
-                .collect()
-        }),
-        ..PodStatus::default()
-    });
+}
+
+impl Lookup for WatchedPod {
+    type DynamicType = ();
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+
+    fn name(&self) -> Option<Cow<'_, str>> {
+        Some(self.name.as_str().into())
+    }
+
+    fn namespace(&self) -> Option<Cow<'_, str>> {
+        Some(self.namespace.as_str().into())
+    }
+
+    fn resource_version(&self) -> Option<Cow<'_, str>> {
+        None
+    }
+
+    fn uid(&self) -> Option<Cow<'_, str>> {
+        self.uid.as_deref().map(Into::into)
+    }
 }
 
 /// Cuts a ControllerRevision down to its identity, labels, owners and
@@ -165,19 +218,19 @@ pub fn strip_daemonset(ds: &mut DaemonSet) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::upgrade::observe::pod_ready;
+    use crate::operator::upgrade::observe::{PodView, pod_ready};
     use serde_json::json;
 
     #[test]
     fn a_stored_pod_keeps_what_the_flow_reads() {
-        let mut pod: Pod = serde_json::from_value(json!({
+        let pod: Pod = serde_json::from_value(json!({
             "metadata": {
                 "name": "driver-x", "namespace": "gpu", "uid": "u",
                 "labels": {"app": "nvidia-driver-daemonset", REVISION_HASH_LABEL: "abc"},
                 "annotations": {"a": "b"},
                 "ownerReferences": [
-                    {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "ds", "controller": true},
                     {"apiVersion": "v1", "kind": "Other", "name": "o", "uid": "o"},
+                    {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "ds", "controller": true},
                 ],
                 "deletionTimestamp": "2026-12-07T10:00:00Z",
             },
@@ -190,27 +243,43 @@ mod tests {
             },
         }))
         .unwrap();
-        strip_pod(&mut pod);
+        let watched = WatchedPod::from(pod.clone());
         assert_eq!(
-            serde_json::to_value(&pod).unwrap(),
-            json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {
-                    "name": "driver-x", "namespace": "gpu", "uid": "u",
-                    "labels": {REVISION_HASH_LABEL: "abc"},
-                    "ownerReferences": [
-                        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "ds", "controller": true},
-                    ],
-                    "deletionTimestamp": "2026-12-07T10:00:00Z",
-                },
-                "spec": {"nodeName": "n1", "containers": []},
-                "status": {
-                    "phase": "Running",
-                    "containerStatuses": [{"name": "c", "image": "", "imageID": "", "ready": true, "restartCount": 3}],
-                },
-            })
+            watched,
+            WatchedPod {
+                namespace: "gpu".into(),
+                name: "driver-x".into(),
+                uid: Some("u".into()),
+                node: Some("n1".into()),
+                revision: Some("abc".into()),
+                controller: Some(("DaemonSet".into(), "ds".into())),
+                terminating: true,
+                phase: "Running".into(),
+                containers: vec![(true, 3)],
+            }
         );
-        assert!(pod_ready(&pod));
+        // What the flow reads is the same from either.
+        assert!(pod_ready(&pod) && pod_ready(&watched));
+        for (a, b) in [
+            (pod.pod_namespace(), watched.pod_namespace()),
+            (pod.pod_name(), watched.pod_name()),
+            (pod.phase(), watched.phase()),
+        ] {
+            assert_eq!(a, b);
+        }
+        assert_eq!(pod.node(), watched.node());
+        assert_eq!(pod.revision(), watched.revision());
+        assert_eq!(pod.controller(), watched.controller());
+        assert_eq!(pod.terminating(), watched.terminating());
+        assert_eq!(
+            pod.containers().collect::<Vec<_>>(),
+            watched.containers().collect::<Vec<_>>()
+        );
+        let key = watched.to_object_ref(());
+        assert_eq!(
+            (key.name.as_str(), key.namespace.as_deref()),
+            ("driver-x", Some("gpu"))
+        );
     }
 
     #[test]
