@@ -9,7 +9,7 @@
 //! shows it. The check is on content, not resource versions: a cache that
 //! lags moves through older versions (status heartbeats) before it reaches
 //! the patch, and versions may not be ordered by clients.
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,41 +24,86 @@ use super::watches::NodeStore;
 const CATCH_UP_POLL: Duration = Duration::from_millis(20);
 
 /// Nodes one writer patched whose change the node watch has not delivered
-/// yet, each with the merge patch sent.
+/// yet, each with what its patch set.
 #[derive(Clone)]
 pub struct NodeWriteFence {
     nodes: NodeStore,
-    unseen: Arc<Mutex<HashMap<String, Value>>>,
+    unseen: Arc<Mutex<Unseen>>,
+}
+
+/// The recorded patches, and the strings they share.
+#[derive(Default)]
+struct Unseen {
+    nodes: HashMap<String, Expected>,
+    /// Keys and values of the patches: a large first pass patches every
+    /// node with the same dozen labels. Emptied with `nodes`, so it holds
+    /// no more than the patches in flight.
+    strings: HashSet<Arc<str>>,
+}
+
+/// A label or annotation a patch sets (`Some`) or removes (`None`).
+type Entry = (Arc<str>, Option<Arc<str>>);
+
+/// What a merge patch set that the node cache keeps: its labels, its
+/// annotations of the upgrade flow (the only ones the cache keeps) and
+/// `spec.unschedulable`.
+#[derive(Debug, Default)]
+struct Expected {
+    labels: Vec<Entry>,
+    annotations: Vec<Entry>,
+    unschedulable: Option<bool>,
+}
+
+fn intern(strings: &mut HashSet<Arc<str>>, s: &str) -> Arc<str> {
+    if let Some(shared) = strings.get(s) {
+        return shared.clone();
+    }
+    let shared: Arc<str> = Arc::from(s);
+    strings.insert(shared.clone());
+    shared
+}
+
+impl Expected {
+    fn of(patch: &Value, strings: &mut HashSet<Arc<str>>) -> Self {
+        let mut entries = |field: &str, kept: fn(&str) -> bool| -> Vec<Entry> {
+            patch["metadata"][field]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| kept(k))
+                .map(|(k, v)| (intern(strings, k), v.as_str().map(|v| intern(strings, v))))
+                .collect()
+        };
+        Expected {
+            labels: entries("labels", |_| true),
+            annotations: entries("annotations", |k| k.starts_with(ANNOTATION_PREFIX)),
+            unschedulable: patch["spec"]["unschedulable"].as_bool(),
+        }
+    }
+
+    fn shown_by(&self, node: &Node) -> bool {
+        let meta = &node.metadata;
+        let matches = |map: Option<&BTreeMap<String, String>>, wanted: &[Entry]| {
+            wanted
+                .iter()
+                .all(|(k, v)| map.and_then(|m| m.get(&**k)).map(String::as_str) == v.as_deref())
+        };
+        let unschedulable = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false);
+        matches(meta.labels.as_ref(), &self.labels)
+            && matches(meta.annotations.as_ref(), &self.annotations)
+            && self.unschedulable.is_none_or(|u| u == unschedulable)
+    }
 }
 
 /// Whether `node` shows a merge `patch` of its labels, its annotations of
 /// the upgrade flow (the only ones the cache keeps) and
 /// `spec.unschedulable`: what the operator writes and reads back.
 pub fn shows(node: &Node, patch: &Value) -> bool {
-    let meta = &node.metadata;
-    let matches = |map: Option<&std::collections::BTreeMap<String, String>>,
-                   wanted: &Value,
-                   kept: &dyn Fn(&str) -> bool| {
-        wanted.as_object().is_none_or(|wanted| {
-            wanted
-                .iter()
-                .filter(|(k, _)| kept(k))
-                .all(|(k, v)| map.and_then(|m| m.get(k)).map(String::as_str) == v.as_str())
-        })
-    };
-    let patched = &patch["metadata"];
-    let unschedulable = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false);
-    matches(meta.labels.as_ref(), &patched["labels"], &|_| true)
-        && matches(meta.annotations.as_ref(), &patched["annotations"], &|k| {
-            k.starts_with(ANNOTATION_PREFIX)
-        })
-        && patch["spec"]["unschedulable"]
-            .as_bool()
-            .is_none_or(|u| u == unschedulable)
+    Expected::of(patch, &mut HashSet::new()).shown_by(node)
 }
 
 impl NodeWriteFence {
@@ -73,7 +118,8 @@ impl NodeWriteFence {
     /// Records a merge patch of `node` the API server accepted.
     pub fn wrote(&self, node: &str, patch: &Value) {
         if let Ok(mut unseen) = self.unseen.lock() {
-            unseen.insert(node.to_string(), patch.clone());
+            let expected = Expected::of(patch, &mut unseen.strings);
+            unseen.nodes.insert(node.to_string(), expected);
         }
     }
 
@@ -87,12 +133,15 @@ impl NodeWriteFence {
         loop {
             let pending = match self.unseen.lock() {
                 Ok(mut unseen) => {
-                    unseen.retain(|node, patch| {
+                    unseen.nodes.retain(|node, expected| {
                         self.nodes
                             .get(&ObjectRef::new(node))
-                            .is_some_and(|n| !shows(&n, patch))
+                            .is_some_and(|n| !expected.shown_by(&n))
                     });
-                    unseen.len()
+                    if unseen.nodes.is_empty() {
+                        unseen.strings = HashSet::new();
+                    }
+                    unseen.nodes.len()
                 }
                 Err(_) => 0,
             };
@@ -101,7 +150,7 @@ impl NodeWriteFence {
             }
             if tokio::time::Instant::now() >= deadline {
                 if let Ok(mut unseen) = self.unseen.lock() {
-                    unseen.clear();
+                    *unseen = Unseen::default();
                 }
                 tracing::warn!(
                     nodes = pending,
