@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use super::{Cluster, ClusterError, Object, ObjectKey};
 use crate::operator::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 use crate::operator::controller::node_writes::NodeWriteFence;
-use crate::operator::controller::watches::Caches;
+use crate::operator::controller::watches::{Caches, WatchedNode};
 use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 
@@ -169,7 +169,7 @@ where
 
 impl Cluster for KubeCluster {
     /// Shared with the watch cache (stripped nodes): a pass copies no node.
-    type Node = Arc<Node>;
+    type Node = Arc<WatchedNode>;
 
     async fn list_nodes(&self) -> Result<Vec<Self::Node>, ClusterError> {
         self.catch_up_with_label_writes().await;

@@ -14,11 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpu_stack_core::operator::upgrade::state::ANNOTATION_PREFIX;
-use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::Value;
 
-use super::watches::NodeStore;
+use super::watches::{NodeStore, WatchedNode};
 
 /// How often the node cache is checked while waiting for it to catch up.
 const CATCH_UP_POLL: Duration = Duration::from_millis(20);
@@ -81,28 +80,23 @@ impl Expected {
         }
     }
 
-    fn shown_by(&self, node: &Node) -> bool {
+    fn shown_by(&self, node: &WatchedNode) -> bool {
         let meta = &node.metadata;
         let matches = |map: Option<&BTreeMap<String, String>>, wanted: &[Entry]| {
             wanted
                 .iter()
                 .all(|(k, v)| map.and_then(|m| m.get(&**k)).map(String::as_str) == v.as_deref())
         };
-        let unschedulable = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false);
         matches(meta.labels.as_ref(), &self.labels)
             && matches(meta.annotations.as_ref(), &self.annotations)
-            && self.unschedulable.is_none_or(|u| u == unschedulable)
+            && self.unschedulable.is_none_or(|u| u == node.unschedulable)
     }
 }
 
 /// Whether `node` shows a merge `patch` of its labels, its annotations of
 /// the upgrade flow (the only ones the cache keeps) and
 /// `spec.unschedulable`: what the operator writes and reads back.
-pub fn shows(node: &Node, patch: &Value) -> bool {
+pub fn shows(node: &WatchedNode, patch: &Value) -> bool {
     Expected::of(patch, &mut HashSet::new()).shown_by(node)
 }
 
@@ -170,19 +164,18 @@ impl NodeWriteFence {
 mod tests {
     use super::*;
     use gpu_stack_core::operator::upgrade::state::SAFE_LOAD_ANNOTATION;
-    use k8s_openapi::api::core::v1::NodeSpec;
     use kube::runtime::reflector::{self, store::Writer};
     use kube::runtime::watcher::Event;
     use serde_json::json;
 
-    fn node(name: &str, version: &str) -> Node {
-        let mut n = Node::default();
+    fn node(name: &str, version: &str) -> WatchedNode {
+        let mut n = WatchedNode::default();
         n.metadata.name = Some(name.into());
         n.metadata.resource_version = Some(version.into());
         n
     }
 
-    fn cache(nodes: &[Node]) -> (NodeStore, Writer<Node>) {
+    fn cache(nodes: &[WatchedNode]) -> (NodeStore, Writer<WatchedNode>) {
         let (store, mut writer) = reflector::store();
         writer.apply_watcher_event(&Event::Init);
         for n in nodes {
@@ -214,10 +207,7 @@ mod tests {
         fence.wrote("a", &cordon);
         let mut patched = node("a", "3");
         patched.metadata.labels = Some([("s".to_string(), "cordon-required".to_string())].into());
-        patched.spec = Some(NodeSpec {
-            unschedulable: Some(true),
-            ..NodeSpec::default()
-        });
+        patched.unschedulable = true;
         writer.apply_watcher_event(&Event::Apply(patched));
         assert_eq!(fence.catch_up(Duration::from_secs(1), "test").await, 0);
     }

@@ -6,6 +6,7 @@
 //! Each watch also yields a trigger when something it sees changes (an owned
 //! object edited or deleted by someone else, a DaemonSet's rollout status, a
 //! node's labels or taints), which the controller turns into a debounced pass.
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::collections::hash_map::DefaultHasher;
 use std::fmt::Debug;
@@ -15,12 +16,12 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, future};
 use gpu_stack_core::operator::upgrade::state::ANNOTATION_PREFIX;
+use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, Node, NodeCondition, NodeSpec, NodeStatus, Service, ServiceAccount, Taint,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Service, ServiceAccount, Taint};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, Lookup, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
@@ -29,15 +30,114 @@ use serde::de::DeserializeOwned;
 use crate::operator::cluster::Object;
 use crate::operator::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::operator::clusterpolicy::ClusterPolicy;
+use crate::operator::desired::NodeMeta;
 use crate::operator::migconfig::MigConfig;
 use crate::operator::nvidiadriver::NvidiaDriver;
 
-/// Nodes as the operator keeps them: name, uid, resource version, labels,
-/// taints, and what the driver upgrade flow reads (its annotations,
-/// `spec.unschedulable`, the Ready condition's status); nothing else (see
-/// [`strip_node`]). Shared by the reconcile pass and the upgrade controller,
-/// so neither lists nodes.
-pub type NodeStore = Store<Node>;
+/// Nodes as the operator keeps them ([`WatchedNode`]). Shared by the
+/// reconcile pass and the upgrade controller, so neither lists nodes.
+pub type NodeStore = Store<WatchedNode>;
+
+/// A node as the operator keeps it: its name, uid, resource version,
+/// labels, the driver upgrade flow's annotations ([`ANNOTATION_PREFIX`]),
+/// its taints, `spec.unschedulable` and whether its Ready condition says it
+/// is not ready. The rest of the status (images, other conditions,
+/// addresses, heartbeat times), the rest of the spec, other annotations and
+/// managed fields would be nearly all of what a large store holds; and a
+/// `Node` stripped of them would still take about 1.2 KB of empty inline
+/// spec and status fields.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WatchedNode {
+    /// Name, uid, resource version, labels and the upgrade annotations.
+    pub metadata: ObjectMeta,
+    /// Taints (key, value and effect).
+    pub taints: Vec<Taint>,
+    /// `spec.unschedulable`.
+    pub unschedulable: bool,
+    /// `false` only when a Ready condition says other than `True`.
+    pub ready: bool,
+}
+
+impl From<Node> for WatchedNode {
+    fn from(node: Node) -> Self {
+        let meta = node.metadata;
+        let annotations = meta
+            .annotations
+            .map(|a| {
+                a.into_iter()
+                    .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
+                    .collect::<BTreeMap<_, _>>()
+            })
+            .filter(|a| !a.is_empty());
+        let ready = node
+            .status
+            .and_then(|s| s.conditions)
+            .and_then(|cs| cs.into_iter().find(|c| c.type_ == "Ready"))
+            .is_none_or(|c| c.status == "True");
+        let spec = node.spec.unwrap_or_default();
+        WatchedNode {
+            metadata: ObjectMeta {
+                name: meta.name,
+                uid: meta.uid,
+                resource_version: meta.resource_version,
+                labels: meta.labels,
+                annotations,
+                ..ObjectMeta::default()
+            },
+            taints: spec
+                .taints
+                .into_iter()
+                .flatten()
+                // Only key, value and effect decide where a pod goes.
+                .map(|t| Taint {
+                    time_added: None,
+                    ..t
+                })
+                .collect(),
+            unschedulable: spec.unschedulable.unwrap_or(false),
+            ready,
+        }
+    }
+}
+
+impl Resource for WatchedNode {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        <Node as Resource>::kind(dt)
+    }
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        <Node as Resource>::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        <Node as Resource>::version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        <Node as Resource>::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl NodeMeta for WatchedNode {
+    fn node_metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn node_taints(&self) -> &[Taint] {
+        &self.taints
+    }
+}
 
 /// How long a pass waits for the watches' first lists before it fails (and
 /// is retried with backoff): long enough for a large cluster's first list,
@@ -47,72 +147,13 @@ pub const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 /// Nodes per page of the node watch's list.
 pub const NODE_LIST_PAGE: u32 = 100;
 
-/// Cuts a node down to what the operator reads before it is stored: its
-/// name, uid, resource version, labels, taints, the driver upgrade flow's
-/// annotations ([`ANNOTATION_PREFIX`]), `spec.unschedulable` and
-/// the Ready condition's status. The rest of the status (images, other
-/// conditions, addresses, heartbeat times), the rest of the spec, other
-/// annotations and managed fields would be nearly all of what a 1,000-node
-/// store holds.
-pub fn strip_node(node: &mut Node) {
-    let meta = &mut node.metadata;
-    meta.managed_fields = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    meta.annotations = meta
-        .annotations
-        .take()
-        .map(|a| {
-            a.into_iter()
-                .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
-                .collect::<BTreeMap<_, _>>()
-        })
-        .filter(|a| !a.is_empty());
-    let ready = node
-        .status
-        .take()
-        .and_then(|s| s.conditions)
-        .and_then(|cs| cs.into_iter().find(|c| c.type_ == "Ready"))
-        .map(|c| NodeCondition {
-            type_: c.type_,
-            status: c.status,
-            ..NodeCondition::default()
-        });
-    node.status = ready.map(|c| NodeStatus {
-        conditions: Some(vec![c]),
-        ..NodeStatus::default()
-    });
-    let spec = node.spec.take().unwrap_or_default();
-    let taints = spec.taints.filter(|t| !t.is_empty()).map(|taints| {
-        taints
-            .into_iter()
-            // Only key, value and effect decide where a pod goes.
-            .map(|t| Taint {
-                time_added: None,
-                ..t
-            })
-            .collect()
-    });
-    let unschedulable = spec.unschedulable.filter(|u| *u);
-    node.spec = (taints.is_some() || unschedulable.is_some()).then(|| NodeSpec {
-        taints,
-        unschedulable,
-        ..NodeSpec::default()
-    });
-}
-
 /// A hash of what the operator reads of a node (labels and taints), so the
 /// node watch triggers a pass only when one of them changed, not on every
 /// status heartbeat.
-pub fn node_fingerprint(node: &Node) -> Option<u64> {
+pub fn node_fingerprint(node: &WatchedNode) -> Option<u64> {
     let mut h = DefaultHasher::new();
     node.metadata.labels.hash(&mut h);
-    for t in node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or(&[])
-    {
+    for t in &node.taints {
         (&t.key, &t.value, &t.effect).hash(&mut h);
     }
     Some(h.finish())
@@ -123,11 +164,11 @@ pub fn node_fingerprint(node: &Node) -> Option<u64> {
 /// changed (or that joined or left).
 ///
 /// Taints live in the spec, which a metadata-only watch does not carry, so
-/// this watches whole nodes but stores each one stripped (see
-/// [`strip_node`]): the store stays as small as a metadata-only one, and a
-/// node's full object lives only while one event or one list page of
-/// [`NODE_LIST_PAGE`] nodes is decoded.
-pub fn node_watch(client: Client) -> (NodeStore, impl Stream<Item = Node> + Send + 'static) {
+/// this watches whole nodes but stores each one as a [`WatchedNode`]: the
+/// store stays smaller than a metadata-only one, and a node's full object
+/// lives only while one event or one list page of [`NODE_LIST_PAGE`] nodes
+/// is decoded.
+pub fn node_watch(client: Client) -> (NodeStore, impl Stream<Item = WatchedNode> + Send + 'static) {
     let (store, writer) = reflector::store();
     let api: Api<Node> = Api::all(client);
     // Small pages from a consistent list: a cached (`any`) list ignores the
@@ -136,7 +177,7 @@ pub fn node_watch(client: Client) -> (NodeStore, impl Stream<Item = Node> + Send
     let config = watcher::Config::default().page_size(NODE_LIST_PAGE);
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(strip_node)
+        .map(|event| event.map(|e| summarize_event(e, WatchedNode::from)))
         .reflect(writer)
         .touched_objects()
         .predicate_filter(node_fingerprint, Default::default())
@@ -324,6 +365,17 @@ where
     store
 }
 
+/// A watch event with its object turned into what a store keeps.
+fn summarize_event<K, S>(event: watcher::Event<K>, summarize: fn(K) -> S) -> watcher::Event<S> {
+    match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(summarize(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(summarize(o)),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(summarize(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
 /// Starts a watch of `api` into a new store of summaries (`summarize` turns
 /// each decoded object into what is kept; a summary type can be far smaller
 /// than the object stripped), and adds its change stream to `triggers`.
@@ -341,13 +393,7 @@ where
     let changes = watcher(api, config)
         .default_backoff()
         .map(move |event| {
-            let event = event.map(|e| match e {
-                watcher::Event::Apply(o) => watcher::Event::Apply(summarize(o)),
-                watcher::Event::Delete(o) => watcher::Event::Delete(summarize(o)),
-                watcher::Event::InitApply(o) => watcher::Event::InitApply(summarize(o)),
-                watcher::Event::Init => watcher::Event::Init,
-                watcher::Event::InitDone => watcher::Event::InitDone,
-            })?;
+            let event = event.map(|e| summarize_event(e, summarize))?;
             writer.apply_watcher_event(&event);
             Ok(())
         })
@@ -436,9 +482,8 @@ mod tests {
 
     #[test]
     fn a_stored_node_keeps_labels_taints_and_what_the_upgrade_flow_reads() {
-        let mut n = full_node(Some(vec![taint("dedicated", "NoSchedule")]));
-        strip_node(&mut n);
-        let expected = Node {
+        let n = WatchedNode::from(full_node(Some(vec![taint("dedicated", "NoSchedule")])));
+        let expected = WatchedNode {
             metadata: ObjectMeta {
                 name: Some("gpu-1".into()),
                 uid: Some("u-1".into()),
@@ -447,22 +492,12 @@ mod tests {
                 annotations: Some([(SAFE_LOAD_ANNOTATION.to_string(), "true".to_string())].into()),
                 ..ObjectMeta::default()
             },
-            spec: Some(NodeSpec {
-                taints: Some(vec![Taint {
-                    time_added: None,
-                    ..taint("dedicated", "NoSchedule")
-                }]),
-                unschedulable: Some(true),
-                ..NodeSpec::default()
-            }),
-            status: Some(NodeStatus {
-                conditions: Some(vec![NodeCondition {
-                    type_: "Ready".into(),
-                    status: "True".into(),
-                    ..NodeCondition::default()
-                }]),
-                ..NodeStatus::default()
-            }),
+            taints: vec![Taint {
+                time_added: None,
+                ..taint("dedicated", "NoSchedule")
+            }],
+            unschedulable: true,
+            ready: true,
         };
         assert_eq!(n, expected);
         let mut plain = full_node(None);
@@ -471,22 +506,29 @@ mod tests {
         }
         plain.metadata.annotations = None;
         plain.status = None;
-        strip_node(&mut plain);
-        assert_eq!(plain.spec, None);
-        assert_eq!(plain.status, None::<NodeStatus>);
+        let plain = WatchedNode::from(plain);
+        assert!(plain.taints.is_empty() && !plain.unschedulable && plain.ready);
         assert_eq!(plain.metadata.annotations, None);
+        let mut not_ready = full_node(None);
+        not_ready.status = serde_json::from_value(
+            serde_json::json!({"conditions": [{"type": "Ready", "status": "Unknown"}]}),
+        )
+        .ok();
+        assert!(!WatchedNode::from(not_ready).ready);
     }
 
     #[test]
     fn the_fingerprint_follows_labels_and_taints_not_status() {
-        let base = full_node(None);
-        let mut heartbeat = base.clone();
+        let base = WatchedNode::from(full_node(None));
+        let mut heartbeat = full_node(None);
         heartbeat.metadata.resource_version = Some("8".into());
-        heartbeat.status = Some(NodeStatus::default());
+        heartbeat.status = None;
+        let heartbeat = WatchedNode::from(heartbeat);
         assert_eq!(node_fingerprint(&base), node_fingerprint(&heartbeat));
-        let tainted = full_node(Some(vec![taint("dedicated", "NoSchedule")]));
+        let tainted = WatchedNode::from(full_node(Some(vec![taint("dedicated", "NoSchedule")])));
         assert_ne!(node_fingerprint(&base), node_fingerprint(&tainted));
-        let other_effect = full_node(Some(vec![taint("dedicated", "NoExecute")]));
+        let other_effect =
+            WatchedNode::from(full_node(Some(vec![taint("dedicated", "NoExecute")])));
         assert_ne!(node_fingerprint(&tainted), node_fingerprint(&other_effect));
         let mut relabelled = base.clone();
         relabelled

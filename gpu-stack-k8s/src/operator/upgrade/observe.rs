@@ -15,10 +15,11 @@ use gpu_stack_core::operator::upgrade::state::{
     DRIVER_POD_FAILING_RESTARTS, STATE_LABEL, UpgradeMarks, UpgradeState,
 };
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::watches::WatchedPod;
+use crate::operator::controller::watches::WatchedNode;
 
 /// The label the DaemonSet controller puts on every pod (and revision) with
 /// the hash of the template it was created from.
@@ -286,14 +287,6 @@ fn validator_status<P: PodView>(pods: &[&P]) -> ValidatorStatus {
     }
 }
 
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .is_none_or(|c| c.status == "True")
-}
-
 /// Whether a pod asks for a GPU: a container (init containers included)
 /// whose limits or requests name `nvidia.com/gpu*` or `nvidia.com/mig-*`.
 pub fn uses_gpu(pod: &Pod) -> bool {
@@ -461,7 +454,7 @@ pub fn observe_nodes<N, P>(
     validator_pods: &[P],
 ) -> Observed
 where
-    N: Borrow<Node>,
+    N: Borrow<WatchedNode>,
     P: PodView,
 {
     let by_node = driver_pods_by_node(driver_pods);
@@ -514,12 +507,8 @@ where
         };
         out.nodes.push(NodeObservation {
             marks,
-            node_ready: node_ready(node),
-            unschedulable: node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false),
+            node_ready: node.ready,
+            unschedulable: node.unschedulable,
             driver_pod,
             validator: validator_status(
                 validators.get(name.as_str()).map_or(&[][..], Vec::as_slice),
@@ -539,16 +528,17 @@ mod missing_pod_tests {
     use super::*;
     use serde_json::json;
 
-    fn node(name: &str, state: Option<&str>, unschedulable: bool) -> Node {
+    fn node(name: &str, state: Option<&str>, unschedulable: bool) -> WatchedNode {
         let mut labels = serde_json::Map::new();
         if let Some(s) = state {
             labels.insert(STATE_LABEL.into(), json!(s));
         }
-        serde_json::from_value(json!({
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": labels},
             "spec": {"unschedulable": unschedulable},
         }))
-        .unwrap()
+        .unwrap();
+        WatchedNode::from(node)
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::observe::{
     ObserveError, PodSelectors, daemonset_revisions, observe_nodes, sort_node_pods,
 };
 use super::upgrade_status;
+use crate::operator::controller::watches::WatchedNode;
 
 fn ds(name: &str, uid: &str, generation: i64, observed: i64) -> DaemonSet {
     let mut d: DaemonSet = serde_json::from_value(json!({
@@ -73,10 +74,10 @@ fn driver_pod(name: &str, node: &str, hash: &str) -> Pod {
     )
 }
 
-fn node(name: &str, extra: serde_json::Value) -> Node {
+fn node(name: &str, extra: serde_json::Value) -> WatchedNode {
     let mut v = json!({"metadata": {"name": name}});
     merge(&mut v, extra);
-    serde_json::from_value(v).unwrap()
+    WatchedNode::from(serde_json::from_value::<Node>(v).unwrap())
 }
 
 #[test]
@@ -283,7 +284,7 @@ fn a_decision_becomes_one_node_patch_then_pod_work() {
 #[test]
 fn a_version_bump_over_observed_nodes_starts_within_the_budget_and_reports_progress() {
     let revs = BTreeMap::from([("ds-1".to_string(), "new".to_string())]);
-    let nodes: Vec<Node> = (0..10)
+    let nodes: Vec<WatchedNode> = (0..10)
         .map(|i| {
             node(
                 &format!("n{i}"),
