@@ -5,7 +5,7 @@
 //! Triggers, event-driven except for the slow resync below:
 //! - ClusterPolicy changes (the controller's main watch);
 //! - node changes that alter labels or taints, or nodes joining and leaving
-//!   (nodes are cached stripped: see [`watches::strip_node`]);
+//!   (nodes are cached cut down: see [`watches::WatchedNode`]);
 //! - changes to any object the operator owns (a DaemonSet's rollout status,
 //!   an operand edited or deleted by someone else).
 //!

@@ -28,7 +28,7 @@ use crate::operator::controller::watches::{
 #[derive(Clone)]
 pub struct UpgradeStores {
     /// Nodes (shared with the reconcile pass; see
-    /// [`crate::operator::controller::watches::strip_node`]).
+    /// [`crate::operator::controller::watches::WatchedNode`]).
     pub nodes: NodeStore,
     /// ClusterPolicies.
     pub policies: Store<ClusterPolicy>,
