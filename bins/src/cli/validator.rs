@@ -22,6 +22,7 @@ use gpu_stack_core::operator::validation::{
     CudaVersion, DEFAULT_REQUIRED_CUDA, DriverRoot, ValidationComponent, check_workload_devices,
     parse_components,
 };
+use gpu_stack_k8s::validator::devchar::DevCharPaths;
 use gpu_stack_k8s::validator::workload::PluginWorkload;
 use gpu_stack_k8s::validator::{
     DEFAULT_TOOLKIT_EVIDENCE, RuntimeCheck, Sources, ValidatorError, ValidatorOptions, hold,
@@ -115,6 +116,12 @@ pub struct Args {
     /// CUDA driver API version the cuda check requires (`major.minor`).
     #[arg(long, value_name = "VERSION", default_value_t = DEFAULT_REQUIRED_CUDA)]
     cuda_version: CudaVersion,
+    /// The host's /dev/char as mounted: the driver check links NVIDIA's
+    /// device nodes there (`<major>:<minor>` -> `../nvidia0`), as runc with
+    /// the systemd cgroup driver needs. Left alone when the directory does
+    /// not exist.
+    #[arg(long, value_name = "DIR")]
+    dev_char_dir: Option<PathBuf>,
     /// Kubeconfig for the plugin check (default: in-cluster or $KUBECONFIG).
     #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
@@ -214,6 +221,10 @@ pub async fn checks(args: Args) -> Result<Checks> {
             _ => None,
         },
         cuda_required: args.cuda_version,
+        dev_char: args.dev_char_dir.map(|dir| DevCharPaths {
+            dev: PathBuf::from("/dev"),
+            dir,
+        }),
         node: args.backend.node.clone(),
         plugin_workload: match (args.plugin_workload_image, args.plugin_workload_namespace) {
             (Some(image), Some(namespace)) => Some(PluginWorkload {

@@ -15,6 +15,8 @@
 //! - [`nvidiadriver`]: NVIDIADriver routing (which resource owns each GPU
 //!   node's driver) and its validation.
 //! - [`validation`]: the per-node validator's checks and the status files it writes.
+//! - [`devchar`]: the `/dev/char` links the driver check makes for NVIDIA's
+//!   device nodes.
 //! - [`platform`]: the Kubernetes releases the operator runs against.
 //! - [`upgrade`]: the driver upgrade policy and state machine: one pure pass
 //!   decides each node's next upgrade state and what to do to it.
@@ -22,6 +24,7 @@
 //! The kube-facing crate turns a ClusterPolicy and node objects into these
 //! inputs, so every rule here is testable without a cluster.
 pub mod components;
+pub mod devchar;
 pub mod driver;
 pub mod labels;
 pub mod migconfig;

@@ -9,6 +9,7 @@
 //! failed check writes nothing and removes a stale file of the same name.
 //!
 //! - [`workload`] (workload.rs): the plugin check's workload pod.
+pub mod devchar;
 pub mod workload;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -56,6 +57,9 @@ pub enum ValidatorError {
     /// The plugin check's workload pod gave no verdict, or a failing one.
     #[error(transparent)]
     Workload(#[from] workload::WorkloadError),
+    /// The driver check could not link the device nodes into `/dev/char`.
+    #[error(transparent)]
+    DevChar(#[from] devchar::DevCharError),
     /// The plugin check has no node name.
     #[error(
         "the plugin check needs the node name: pass --node or set NODE_NAME (the DaemonSet sets it from spec.nodeName)"
@@ -133,6 +137,9 @@ pub struct ValidatorOptions {
     pub toolkit_runtime: Option<RuntimeCheck>,
     /// CUDA driver API version the `cuda` check requires.
     pub cuda_required: CudaVersion,
+    /// Where the driver check links NVIDIA's device nodes into `/dev/char`
+    /// (`None`: it does not).
+    pub dev_char: Option<devchar::DevCharPaths>,
     /// Node name (for the plugin check).
     pub node: Option<String>,
     /// The plugin check's workload pod, where it runs one (nodes whose GPUs
@@ -400,11 +407,16 @@ pub async fn check_once(
         ValidationComponent::Driver | ValidationComponent::Cuda => {
             let gpus = (sources.gpus)().map_err(ValidationError::DriverUnreachable)?;
             let evidence = driver_evidence(gpus.as_ref())?;
-            Ok(if component == ValidationComponent::Driver {
-                check_driver(&evidence, &options.driver_root)?
-            } else {
-                check_cuda(&evidence, options.cuda_required)?
-            })
+            if component == ValidationComponent::Cuda {
+                return Ok(check_cuda(&evidence, options.cuda_required)?);
+            }
+            let file = check_driver(&evidence, &options.driver_root)?;
+            if let Some(paths) = &options.dev_char
+                && let Some(written) = devchar::link_device_nodes(paths)?
+            {
+                tracing::debug!(written, dir = %paths.dir.display(), "device nodes linked into /dev/char");
+            }
+            Ok(file)
         }
         ValidationComponent::Toolkit => match &options.toolkit_runtime {
             Some(check) => check_runtime(check).await,
@@ -515,6 +527,7 @@ mod tests {
             toolkit_evidence: vec![dir.join("toolkit-installed")],
             toolkit_runtime: None,
             cuda_required: "12.0".parse().unwrap(),
+            dev_char: None,
             node: None,
             plugin_workload: None,
             wait: None,

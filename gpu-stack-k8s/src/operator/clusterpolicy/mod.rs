@@ -544,8 +544,14 @@ pub struct CdiSpec {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct HostPathsSpec {
-    /// Host root filesystem (default `/`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Host root filesystem (default `/`). NVIDIA's field is `rootFS`;
+    /// `rootFs`, which earlier gpu-stack releases read, is accepted too.
+    #[serde(
+        default,
+        rename = "rootFS",
+        alias = "rootFs",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub root_fs: Option<String>,
     /// Where the driver container installs the driver (default `/run/nvidia/driver`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -553,6 +559,10 @@ pub struct HostPathsSpec {
     /// Kubelet root directory (default `/var/lib/kubelet`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet_root_dir: Option<String>,
+    /// Fields this operator does not know.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// `spec.psa`.
@@ -775,23 +785,46 @@ const EXPORTER_SERVICE_KEYS: [&str; 2] = ["type", "internalTrafficPolicy"];
 /// check's workload pod on or off.
 const WITH_WORKLOAD: &str = "WITH_WORKLOAD";
 
-/// The `env` list of NVIDIA's `validator.plugin` (kept among the
-/// validator's unmodelled fields).
-fn validator_plugin_env(validator: Option<&ComponentSpec>) -> Option<&Vec<Value>> {
-    validator?.extra.get("plugin")?.get("env")?.as_array()
+/// NVIDIA's `validator.driver.env` switch: `true` leaves `/dev/char` as it is.
+const DISABLE_DEV_CHAR_SYMLINK_CREATION: &str = "DISABLE_DEV_CHAR_SYMLINK_CREATION";
+
+/// The variables of NVIDIA's per-check validator sections gpu-stack acts
+/// on: `validator.plugin.env` `WITH_WORKLOAD`, `validator.driver.env`
+/// `DISABLE_DEV_CHAR_SYMLINK_CREATION`.
+const VALIDATOR_CHECK_VARS: [(&str, &str); 2] = [
+    ("plugin", WITH_WORKLOAD),
+    ("driver", DISABLE_DEV_CHAR_SYMLINK_CREATION),
+];
+
+/// The last value `validator.<check>.env` gives `var` (those sections are
+/// kept among the validator's unmodelled fields).
+fn validator_check_var<'a>(
+    validator: Option<&'a ComponentSpec>,
+    check: &str,
+    var: &str,
+) -> Option<&'a str> {
+    validator?
+        .extra
+        .get(check)?
+        .get("env")?
+        .as_array()?
+        .iter()
+        .filter(|e| e.get("name").and_then(Value::as_str) == Some(var))
+        .filter_map(|e| e.get("value").and_then(Value::as_str))
+        .next_back()
 }
 
-/// Whether `validator.plugin` holds nothing but `env` entries naming
-/// `WITH_WORKLOAD`, which gpu-stack acts on.
-fn validator_plugin_only_sets_workload(plugin: &Value) -> bool {
-    let Some(fields) = plugin.as_object() else {
+/// Whether a `validator.<check>` section holds nothing but `env` entries
+/// naming `var`, which gpu-stack acts on.
+fn validator_check_only_sets(section: &Value, var: &str) -> bool {
+    let Some(fields) = section.as_object() else {
         return false;
     };
     fields.iter().all(|(k, v)| {
         k == "env"
             && v.as_array().is_some_and(|env| {
                 env.iter()
-                    .all(|e| e.get("name").and_then(Value::as_str) == Some(WITH_WORKLOAD))
+                    .all(|e| e.get("name").and_then(Value::as_str) == Some(var))
             })
     })
 }
@@ -1152,13 +1185,20 @@ impl ClusterPolicySpec {
     /// plugin check runs a workload pod. gpu-stack runs one unless it is
     /// `false`.
     pub fn plugin_workload_wanted(&self) -> bool {
-        validator_plugin_env(self.validator.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|e| e.get("name").and_then(Value::as_str) == Some(WITH_WORKLOAD))
-            .filter_map(|e| e.get("value").and_then(Value::as_str))
-            .next_back()
+        validator_check_var(self.validator.as_ref(), "plugin", WITH_WORKLOAD)
             .is_none_or(|v| !v.trim().eq_ignore_ascii_case("false"))
+    }
+
+    /// Whether the driver check links NVIDIA's device nodes into
+    /// `/dev/char`: unless NVIDIA's `validator.driver.env` says
+    /// `DISABLE_DEV_CHAR_SYMLINK_CREATION=true`.
+    pub fn dev_char_links_wanted(&self) -> bool {
+        validator_check_var(
+            self.validator.as_ref(),
+            "driver",
+            DISABLE_DEV_CHAR_SYMLINK_CREATION,
+        )
+        .is_none_or(|v| !v.trim().eq_ignore_ascii_case("true"))
     }
 
     /// Whether CDI is on (default true).
@@ -1339,6 +1379,9 @@ impl ClusterPolicySpec {
         if let Some(s) = &self.sandbox_workloads {
             section("sandboxWorkloads", &s.extra);
         }
+        if let Some(h) = &self.host_paths {
+            section("hostPaths", &h.extra);
+        }
         for c in Component::ALL {
             if let Some(spec) = self.component(c) {
                 section(section_name(c), &spec.extra);
@@ -1361,11 +1404,14 @@ impl ClusterPolicySpec {
         {
             out.retain(|f| f != "spec.dcgmExporter.service");
         }
-        // `validator.plugin` is honoured when it only says WITH_WORKLOAD.
-        if let Some(plugin) = self.validator.as_ref().and_then(|v| v.extra.get("plugin"))
-            && validator_plugin_only_sets_workload(plugin)
-        {
-            out.retain(|f| f != "spec.validator.plugin");
+        // `validator.plugin` and `validator.driver` are honoured when they
+        // only set the variable gpu-stack acts on.
+        for (check, var) in VALIDATOR_CHECK_VARS {
+            if let Some(section) = self.validator.as_ref().and_then(|v| v.extra.get(check))
+                && validator_check_only_sets(section, var)
+            {
+                out.retain(|f| *f != format!("spec.validator.{check}"));
+            }
         }
         if self.dcgm.as_ref().and_then(|d| d.enabled) == Some(true) {
             out.push("spec.dcgm.enabled".into());

@@ -149,6 +149,46 @@ fn unsupported_fields_are_listed_not_dropped() {
 }
 
 #[test]
+fn host_paths_take_nvidias_root_fs_and_report_unknown_fields() {
+    let spec = |host_paths: serde_json::Value| -> ClusterPolicySpec {
+        serde_json::from_value(serde_json::json!({"hostPaths": host_paths})).unwrap()
+    };
+    for key in ["rootFS", "rootFs"] {
+        let s = spec(serde_json::json!({key: "/host-root"}));
+        assert_eq!(
+            s.host_paths.as_ref().and_then(|h| h.root_fs.as_deref()),
+            Some("/host-root"),
+            "{key}"
+        );
+        assert!(s.unsupported_fields().is_empty());
+    }
+    // Written back under NVIDIA's name.
+    let back = serde_json::to_value(spec(serde_json::json!({"rootFs": "/r"}))).unwrap();
+    assert_eq!(back["hostPaths"]["rootFS"], "/r");
+    let odd = spec(serde_json::json!({"rootFS": "/", "somethingElse": "/x"}));
+    assert_eq!(odd.unsupported_fields(), ["spec.hostPaths.somethingElse"]);
+}
+
+#[test]
+fn the_driver_checks_dev_char_switch_is_honoured_and_the_rest_reported() {
+    let spec = |driver: serde_json::Value| -> ClusterPolicySpec {
+        serde_json::from_value(serde_json::json!({"validator": {"driver": driver}})).unwrap()
+    };
+    let off = spec(serde_json::json!({"env": [
+        {"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"}
+    ]}));
+    assert!(!off.dev_char_links_wanted());
+    assert!(off.unsupported_fields().is_empty());
+    let on = spec(serde_json::json!({"env": [
+        {"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "false"}
+    ]}));
+    assert!(on.dev_char_links_wanted());
+    assert!(ClusterPolicySpec::default().dev_char_links_wanted());
+    let other = spec(serde_json::json!({"env": [{"name": "OTHER", "value": "1"}]}));
+    assert_eq!(other.unsupported_fields(), ["spec.validator.driver"]);
+}
+
+#[test]
 fn vm_operand_sections_are_reported_only_with_sandbox_workloads_on() {
     // NVIDIA's chart defaults: several VM operands say `enabled: true`, and
     // NVIDIA's operator deploys none of them while sandbox workloads are off.

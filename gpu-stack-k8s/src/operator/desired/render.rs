@@ -392,6 +392,10 @@ fn privileged() -> Option<SecurityContext> {
 const VALIDATIONS_VOLUME: &str = "run-nvidia-validations";
 const DRIVER_ROOT_VOLUME: &str = "driver-install-dir";
 const HOST_ROOT_VOLUME: &str = "host-root";
+/// The host's /dev/char, where the driver check links NVIDIA's device nodes.
+const HOST_DEV_CHAR_VOLUME: &str = "host-dev-char";
+/// Where the driver check sees it (NVIDIA's path).
+const HOST_DEV_CHAR_DIR: &str = "/host-dev-char";
 /// Where the device plugin's pod sees the host's driver root.
 const PLUGIN_DRIVER_ROOT: &str = "/driver-root";
 /// Where container runtimes read CDI specs (the DRA plugin writes one per claim).
@@ -497,6 +501,12 @@ fn check_container(ctx: &RenderContext, gates: &[Gate]) -> Container {
             Some("HostToContainer"),
         ));
     }
+    // NVIDIA's driver validation links the device nodes into the host's
+    // /dev/char, unless `validator.driver.env` switches it off.
+    let dev_char = has(Gate::DriverValidation) && ctx.spec().dev_char_links_wanted();
+    if dev_char {
+        mounts.push(mount(HOST_DEV_CHAR_VOLUME, HOST_DEV_CHAR_DIR, false, None));
+    }
     // The image's entrypoint is `gpu-stack`; the checks are its `validator`
     // subcommand, told what to check by flags rather than NVIDIA's COMPONENT
     // and WITH_WAIT variables (a flag is a few bytes of one `args` field).
@@ -506,6 +516,9 @@ fn check_container(ctx: &RenderContext, gates: &[Gate]) -> Container {
         components.join(","),
         "--wait".into(),
     ];
+    if dev_char {
+        args.extend(["--dev-char-dir".into(), HOST_DEV_CHAR_DIR.into()]);
+    }
     let toolkit = has(Gate::ToolkitValidation);
     if toolkit && ctx.spec().enablement().toolkit && ctx.spec().toolkit_is_gpu_stack() {
         // gpu-stack's agent: check the CDI spec it wrote and the runtime's
@@ -810,6 +823,7 @@ fn volumes(ctx: &RenderContext, c: Component) -> (Vec<Volume>, Vec<VolumeMount>)
         ),
         host_volume(DRIVER_ROOT_VOLUME, &driver_root, Some("DirectoryOrCreate")),
         host_volume(HOST_ROOT_VOLUME, &root_fs, None),
+        host_volume(HOST_DEV_CHAR_VOLUME, "/dev/char", Some("DirectoryOrCreate")),
     ];
     let mut mounts = vec![mount(
         VALIDATIONS_VOLUME,

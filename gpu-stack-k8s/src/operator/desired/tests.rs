@@ -1382,3 +1382,59 @@ fn gpu_nodes_say_whether_the_upgrade_controller_drains_them() {
     let d = desired_state(&auto, &annotated, &[], &Options::default());
     assert!(d.node_annotations.is_empty());
 }
+
+#[test]
+fn the_driver_check_links_device_nodes_into_the_hosts_dev_char_unless_switched_off() {
+    let driver_check = |spec: serde_json::Value| {
+        let policy = policy_with(spec);
+        let ctx = render::RenderContext {
+            policy: &policy,
+            namespace: "gpu-operator",
+        };
+        let ds = render::daemonset(&ctx, Component::OperatorValidator, None);
+        let pod = pod_of(&ds).clone();
+        let check = pod
+            .init_containers
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.name.starts_with("driver-"))
+            .expect("a driver check");
+        (pod, check)
+    };
+    let (pod, check) = driver_check(serde_json::json!({}));
+    let args = check.args.clone().unwrap_or_default();
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--dev-char-dir", "/host-dev-char"]),
+        "{args:?}"
+    );
+    assert!(
+        check
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "host-dev-char"
+                && m.mount_path == "/host-dev-char"
+                && m.read_only != Some(true))
+    );
+    assert!(
+        pod.volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == "host-dev-char"
+                && v.host_path.as_ref().map(|h| h.path.as_str()) == Some("/dev/char"))
+    );
+
+    // NVIDIA's switch, in NVIDIA's place: no flag, no mount, no volume.
+    let (pod, check) = driver_check(serde_json::json!({"validator": {"driver": {"env": [
+        {"name": "DISABLE_DEV_CHAR_SYMLINK_CREATION", "value": "true"}
+    ]}}}));
+    assert!(!check.args.iter().flatten().any(|a| a == "--dev-char-dir"));
+    assert!(
+        !pod.volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == "host-dev-char")
+    );
+}
