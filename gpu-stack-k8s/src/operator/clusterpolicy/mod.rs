@@ -456,7 +456,8 @@ pub struct DevicePluginSpec {
 }
 
 /// A reference to a ConfigMap with a default key.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct NamedConfig {
     /// ConfigMap name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -464,6 +465,29 @@ pub struct NamedConfig {
     /// Default configuration (key or profile name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default: Option<String>,
+    /// Fields this operator does not act on: NVIDIA's chart-level `create`
+    /// and `data`, which this chart copies as written.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+impl NamedConfig {
+    /// Its fields that ask for something this operator does not do, as
+    /// paths under `section`: `create: true` or non-empty `data` (NVIDIA's
+    /// chart makes a ConfigMap of them; their defaults ask for nothing),
+    /// and any other unknown field.
+    fn unsupported(&self, section: &str) -> Vec<String> {
+        self.extra
+            .iter()
+            .filter(|(k, v)| match k.as_str() {
+                "create" => v.as_bool() != Some(false),
+                "data" => !(v.is_null() || v.as_object().is_some_and(|m| m.is_empty())),
+                _ => true,
+            })
+            .map(|(k, _)| format!("spec.{section}.config.{k}"))
+            .collect()
+    }
 }
 
 /// `spec.mig`.
@@ -1390,6 +1414,25 @@ impl ClusterPolicySpec {
 
         if let Some(spec) = &self.node_agent {
             section("nodeAgent", &spec.extra);
+        }
+        if let Some(s) = &self.sandbox_workloads
+            && s.enabled == Some(true)
+            && s.mode.as_deref() == Some("kata")
+        {
+            // Kata Containers need NVIDIA's kata manager and sandbox device
+            // plugin; the node selection is honoured, the mode is not.
+            out.push("spec.sandboxWorkloads.mode".into());
+        }
+        if let Some(c) = self.device_plugin.as_ref().and_then(|d| d.config.as_ref()) {
+            out.extend(c.unsupported("devicePlugin"));
+            // The plugin's config file (time-slicing, MPS, per-node configs
+            // by label) is not read yet.
+            if c.name.as_deref().is_some_and(|n| !n.trim().is_empty()) {
+                out.push("spec.devicePlugin.config.name".into());
+            }
+        }
+        if let Some(c) = self.mig_manager.as_ref().and_then(|m| m.config.as_ref()) {
+            out.extend(c.unsupported("migManager"));
         }
         // `dcgmExporter.service` is honoured when it holds only what the
         // exporter's Service takes.

@@ -149,6 +149,41 @@ fn unsupported_fields_are_listed_not_dropped() {
 }
 
 #[test]
+fn configs_nvidias_chart_would_create_are_reported_not_dropped() {
+    let spec = |v: serde_json::Value| -> ClusterPolicySpec { serde_json::from_value(v).unwrap() };
+    // NVIDIA's defaults ask for nothing.
+    let defaults = spec(serde_json::json!({
+        "devicePlugin": {"config": {"create": false, "name": "", "default": "", "data": {}}},
+        "migManager": {"config": {"create": false, "name": "default-mig-parted-config",
+                                  "default": "all-disabled", "data": {}}},
+        "sandboxWorkloads": {"enabled": false, "mode": "kata"},
+    }));
+    assert_eq!(defaults.unsupported_fields(), Vec::<String>::new());
+    // Time-slicing as NVIDIA's docs write it, and a MIG config to create.
+    let asked = spec(serde_json::json!({
+        "devicePlugin": {"config": {"create": true, "name": "time-slicing-config",
+                                    "default": "any", "data": {"any": "version: v1"}}},
+        "migManager": {"config": {"create": true, "name": "custom-mig-config",
+                                  "data": {"config.yaml": "version: v1"}}},
+        "sandboxWorkloads": {"enabled": true, "mode": "kata"},
+    }));
+    assert_eq!(
+        asked.unsupported_fields(),
+        [
+            "spec.devicePlugin.config.create",
+            "spec.devicePlugin.config.data",
+            "spec.devicePlugin.config.name",
+            "spec.migManager.config.create",
+            "spec.migManager.config.data",
+            "spec.sandboxWorkloads.mode",
+        ]
+    );
+    // Round trip keeps them.
+    let back = serde_json::to_value(&asked).unwrap();
+    assert_eq!(back["devicePlugin"]["config"]["create"], true);
+}
+
+#[test]
 fn host_paths_take_nvidias_root_fs_and_report_unknown_fields() {
     let spec = |host_paths: serde_json::Value| -> ClusterPolicySpec {
         serde_json::from_value(serde_json::json!({"hostPaths": host_paths})).unwrap()
