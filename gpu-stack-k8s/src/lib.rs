@@ -18,6 +18,7 @@
 //! - [`demo`]: the operator and agents against an in-memory cluster and simulated GPUs.
 //! - [`validator`] (validator/): the per-node validator's side effects and the plugin check's workload pod.
 //! - [`node_status`] (node_status.rs): the node status exporter.
+//! - [`clock`] (clock.rs): the wall clock in Unix seconds.
 //!
 //! ```
 //! // The CRD users install is generated from the Rust types.
@@ -26,6 +27,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![forbid(unsafe_code)]
+pub mod clock;
 pub mod demo;
 pub mod deviceplugin;
 pub mod dra;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use gpu_stack_core::backend::{
@@ -22,6 +22,7 @@ use gpu_stack_core::metrics::{
 
 use super::selfmetrics::SelfMetrics;
 use super::{ExporterConfig, ExporterError};
+use crate::clock::unix_seconds_f64;
 use crate::kubelet::podresources::PodResourcesCache;
 
 /// A rendered snapshot, ready to serve.
@@ -100,13 +101,6 @@ pub struct Exporter {
     threads: Vec<JoinHandle<()>>,
     pods: Option<PodResourcesCache>,
     pod_task: Option<tokio::task::JoinHandle<()>>,
-}
-
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 impl Exporter {
@@ -450,7 +444,7 @@ fn sampler_loop(
         }
         shared
             .metrics
-            .collected(gpu, started.elapsed().as_secs_f64(), unix_now());
+            .collected(gpu, started.elapsed().as_secs_f64(), unix_seconds_f64());
         if tx.send(()).is_err() {
             return;
         }

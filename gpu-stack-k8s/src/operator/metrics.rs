@@ -6,13 +6,14 @@
 //! a "no writes on resync" claim is checked from outside the process.
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+
+use crate::clock::unix_seconds_f64;
 
 /// Value of `gpu_operator_reconciliation_status`, with NVIDIA's encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -317,11 +318,8 @@ impl OperatorMetrics {
                 self.reconciliation_failed_total.inc();
             }
             ReconciliationStatus::Success | ReconciliationStatus::NotReady => {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_secs_f64())
-                    .unwrap_or(0.0);
-                self.reconciliation_last_success_ts_seconds.set(now);
+                self.reconciliation_last_success_ts_seconds
+                    .set(unix_seconds_f64());
             }
             ReconciliationStatus::ClusterPolicyUnavailable => {}
         }

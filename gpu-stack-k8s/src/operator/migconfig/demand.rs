@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -46,6 +46,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use super::{DemandSettings, MAX_DEMAND_LIST, MigConfig, MigDemandNode, MigDemandStatus};
+use crate::clock::unix_seconds;
 
 /// Field manager of `status.demand`.
 pub const FIELD_MANAGER: &str = "gpu-stack-mig-demand";
@@ -121,12 +122,6 @@ fn strip_pod(pod: &mut Pod) {
     });
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 fn rfc3339(unix: u64) -> String {
     i64::try_from(unix)
         .ok()
@@ -198,7 +193,7 @@ impl DemandController {
             .map(|m| (m.name().to_string(), m.spec.node_selector.clone()))
             .collect();
         let per = pending_per_config(&selectors, &pending);
-        let now = unix_now();
+        let now = unix_seconds();
         for m in &configs {
             let demand = per.get(m.name()).cloned().unwrap_or_default();
             self.decide_one(m, &demand, now).await?;

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, stream};
@@ -30,6 +30,7 @@ use super::observe::{
 };
 use super::watches::UpgradeStores;
 use super::{FIELD_MANAGER, UpgradeError, upgrade_status};
+use crate::clock::unix_seconds;
 use crate::operator::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
 use crate::operator::controller::events::{Announced, Decision, EventPublisher, Severity};
 use crate::operator::controller::node_writes::NodeWriteFence;
@@ -105,12 +106,6 @@ pub struct UpgradeController {
     metrics: OperatorMetrics,
     events: EventPublisher,
     announced: Announced,
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
@@ -239,7 +234,7 @@ impl UpgradeController {
                 terminating.extend(sorted.terminating);
             }
         }
-        let now = unix_now();
+        let now = unix_seconds();
         let opts = PassOptions::default();
         let plan = plan_groups(&groups, now, &opts)?;
         let stuck = stuck_in_groups(&groups, now, self.settings.stuck_after.as_secs(), &opts)?;
