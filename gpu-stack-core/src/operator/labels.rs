@@ -236,6 +236,18 @@ pub struct LabelPolicy {
     /// names ([`node_workload`]). `None`: every GPU node runs containers.
     #[serde(default)]
     pub sandbox_default: Option<Workload>,
+    /// `driver.upgradePolicy.autoUpgrade`: the operator's upgrade controller
+    /// drains nodes for driver upgrades (with sandbox workloads off).
+    #[serde(default)]
+    pub auto_upgrade: bool,
+}
+
+impl LabelPolicy {
+    /// Whether the upgrade controller, not NVIDIA's driver manager, drains
+    /// nodes: `autoUpgrade` without sandbox workloads, NVIDIA's rule.
+    pub fn upgrade_controller_drains(&self) -> bool {
+        self.auto_upgrade && self.sandbox_default.is_none()
+    }
 }
 
 /// The label changes the operator makes on one node, given its current labels.
@@ -370,14 +382,16 @@ pub fn deploy_label_patch(labels: &Labels, policy: &LabelPolicy) -> LabelPatch {
 
 /// The change to a node's [`DRIVER_UPGRADE_ENABLED`] annotation, kept as
 /// NVIDIA's operator keeps it: on a node labelled `gpu.present=true` it is
-/// `true` while the upgrade controller is on (`upgradePolicy.autoUpgrade`
-/// without sandbox workloads) and absent otherwise; other nodes are left
-/// as they are. `labels` are the node's labels after the operator's patch.
+/// `true` while the upgrade controller drains nodes
+/// ([`LabelPolicy::upgrade_controller_drains`]) and absent otherwise; other
+/// nodes are left as they are. `labels` are the node's labels after the
+/// operator's patch.
 pub fn upgrade_annotation_patch(
     labels: &Labels,
     annotations: Option<&Labels>,
-    controller_on: bool,
+    policy: &LabelPolicy,
 ) -> LabelPatch {
+    let controller_on = policy.upgrade_controller_drains();
     let mut want = LabelPatch::new();
     if labels.get(GPU_PRESENT).is_none_or(|v| v != "true") {
         return want;
@@ -638,6 +652,7 @@ mod tests {
                 mig_config_default: all_disabled.then(|| "all-disabled".to_string()),
                 dra_driver,
                 sandbox_default,
+                ..LabelPolicy::default()
             };
             let p = deploy_label_patch(&l, &pol);
             let mut after = l.clone();
@@ -719,15 +734,18 @@ mod tests {
         fn upgrade_annotation_follows_the_controller_on_gpu_nodes_only(
             l in arb_labels(),
             before in prop::option::of(prop::sample::select(vec!["true", "false", ""])),
-            on in any::<bool>(),
+            auto_upgrade in any::<bool>(),
+            sandbox_default in arb_sandbox(),
         ) {
+            let pol = LabelPolicy { auto_upgrade, sandbox_default, ..LabelPolicy::default() };
+            let on = auto_upgrade && sandbox_default.is_none();
             let mut annotations: Labels = before
                 .map(|v| (DRIVER_UPGRADE_ENABLED.to_string(), v.to_string()))
                 .into_iter()
                 .collect();
-            let p = upgrade_annotation_patch(&l, Some(&annotations), on);
+            let p = upgrade_annotation_patch(&l, Some(&annotations), &pol);
             apply_patch(&mut annotations, &p);
-            prop_assert!(upgrade_annotation_patch(&l, Some(&annotations), on).is_empty());
+            prop_assert!(upgrade_annotation_patch(&l, Some(&annotations), &pol).is_empty());
             let now = annotations.get(DRIVER_UPGRADE_ENABLED).map(String::as_str);
             if l.get(GPU_PRESENT).is_some_and(|v| v == "true") {
                 prop_assert_eq!(now, on.then_some("true"));

@@ -1163,6 +1163,7 @@ impl ClusterPolicySpec {
             mig_config_default: Some(self.mig_config_default()),
             dra_driver: self.dra_driver_enabled(),
             sandbox_default: self.sandbox_default_workload(),
+            auto_upgrade: self.upgrade_policy().is_some_and(|u| u.auto_upgrade),
         }
     }
 

@@ -520,12 +520,10 @@ pub fn desired_state_with(
     }
     // NVIDIA's driver manager reads from each GPU node whether the upgrade
     // controller drains it, or whether it must evict by itself.
-    let upgrade_controller = spec.upgrade_policy().is_some_and(|u| u.auto_upgrade)
-        && label_policy.sandbox_default.is_none();
     let mut node_annotations = BTreeMap::new();
     for (n, (name, labels)) in nodes.iter().zip(&effective) {
         let annotations = n.node_metadata().annotations.as_ref();
-        let patch = upgrade_annotation_patch(labels, annotations, upgrade_controller);
+        let patch = upgrade_annotation_patch(labels, annotations, &label_policy);
         if !patch.is_empty() {
             node_annotations.insert(name.clone(), patch);
         }
