@@ -168,26 +168,20 @@ impl OperatorPass {
                 source,
             }
         };
-        let patches: BTreeMap<String, LabelPatch> = self
-            .caches
-            .nodes
-            .state()
-            .iter()
-            .map(|node| (node.name_any(), cleanup_patch(node.labels())))
-            .filter(|(_, patch)| !patch.is_empty())
-            .collect();
-        // NVIDIA's driver manager, if anything still runs it, evicts by itself again.
-        let annotations: BTreeMap<String, LabelPatch> = self
-            .caches
-            .nodes
-            .state()
-            .iter()
-            .filter(|node| node.annotations().contains_key(DRIVER_UPGRADE_ENABLED))
-            .map(|node| {
+        // NVIDIA's driver manager, if anything still runs it, evicts by
+        // itself again once the annotation is gone.
+        let mut patches: BTreeMap<String, LabelPatch> = BTreeMap::new();
+        let mut annotations: BTreeMap<String, LabelPatch> = BTreeMap::new();
+        for node in self.caches.nodes.state() {
+            let patch = cleanup_patch(node.labels());
+            if !patch.is_empty() {
+                patches.insert(node.name_any(), patch);
+            }
+            if node.annotations().contains_key(DRIVER_UPGRADE_ENABLED) {
                 let removal = [(DRIVER_UPGRADE_ENABLED.to_string(), None)].into();
-                (node.name_any(), removal)
-            })
-            .collect();
+                annotations.insert(node.name_any(), removal);
+            }
+        }
         // The same bounded, batched writes as a pass's labels.
         self.operator
             .patch_nodes(&patches, &annotations)
