@@ -213,23 +213,34 @@ pub async fn policy(client: &Client) -> Result<Option<ClusterPolicy>, kube::Erro
         .await
 }
 
-/// Deletes a leftover ClusterPolicy, removing its finalizer so it goes
+/// Deletes every leftover ClusterPolicy, removing finalizers so they go
 /// even without an operator running.
 pub async fn force_delete_policy(client: &Client) -> Result<()> {
     let api = Api::<ClusterPolicy>::all(client.clone());
-    if api.get_opt(POLICY_NAME).await?.is_none() {
-        return Ok(());
+    let names: Vec<String> = api
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    for name in &names {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+        let _ = api
+            .patch_metadata(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
     }
-    let _ = api.delete(POLICY_NAME, &DeleteParams::default()).await;
-    let _ = api
-        .patch_metadata(
-            POLICY_NAME,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-        )
-        .await;
-    wait_for("leftover ClusterPolicy gone", LONG, || async {
-        Ok(api.get_opt(POLICY_NAME).await?.is_none().then_some(()))
+    wait_for("leftover ClusterPolicies gone", LONG, || async {
+        Ok(api
+            .list_metadata(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
     })
     .await?;
     Ok(())

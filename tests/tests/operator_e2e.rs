@@ -26,6 +26,7 @@ use gpu_stack_e2e::{
 use gpu_stack_k8s::operator::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
 use gpu_stack_k8s::operator::cluster::selector::pod_selects_node;
 use gpu_stack_k8s::operator::clusterpolicy::ClusterPolicy;
+use gpu_stack_k8s::operator::controller::operator_pass::FINALIZER;
 use gpu_stack_k8s::operator::desired::render::NODE_AGENT_NAME;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -205,6 +206,36 @@ async fn generations(
         .iter()
         .map(|d| (d.name_any(), d.metadata.generation))
         .collect())
+}
+
+/// Each DaemonSet's name, uid and generation: a recreated or changed
+/// DaemonSet shows in them.
+async fn daemonset_identities(
+    client: &Client,
+    namespace: &str,
+) -> Result<Vec<(String, Option<String>, Option<i64>)>, kube::Error> {
+    let mut all: Vec<_> = daemonsets(client, namespace)
+        .await?
+        .iter()
+        .map(|d| (d.name_any(), d.uid(), d.metadata.generation))
+        .collect();
+    all.sort();
+    Ok(all)
+}
+
+/// [`daemonset_identities`] once two reads 2 s apart agree (the operator
+/// has finished what it was applying).
+async fn settled_daemonsets(
+    client: &Client,
+    namespace: &str,
+) -> Result<Vec<(String, Option<String>, Option<i64>)>> {
+    Ok(wait_for("DaemonSets settled", LONG, || async {
+        let first = daemonset_identities(client, namespace).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let second = daemonset_identities(client, namespace).await?;
+        Ok((first == second).then_some(second))
+    })
+    .await?)
 }
 
 /// The DaemonSet that runs the device plugin: its own, or the node agent's.
@@ -648,12 +679,98 @@ async fn scenarios(
         "not exactly one leader after restart"
     );
 
-    // ClusterPolicy deleted → everything we created is gone.
-    Api::<ClusterPolicy>::all(admin.clone())
+    // A second policy is ignored and reported on both; deleting it changes
+    // nothing. Deleting the one in charge while another lives hands the
+    // running stack over: no DaemonSet is recreated or changed.
+    let spec = mode.spec(serde_json::json!({
+        "driver": { "enabled": true, "version": "550.127.05" },
+        "dcgmExporter": { "enabled": true },
+        "migManager": { "enabled": true },
+    }));
+    let policies = Api::<ClusterPolicy>::all(admin.clone());
+    let before = settled_daemonsets(admin, namespace).await?;
+    apply_policy(admin, "cluster-policy-copy", spec.clone()).await?;
+    let copy = wait_policy(admin, "cluster-policy-copy", "the copy ignored", |p| {
+        p.status.as_ref().is_some_and(|s| s.state == "ignored")
+    })
+    .await?;
+    ensure!(
+        !copy.finalizers().iter().any(|f| f == FINALIZER),
+        "an ignored policy got the finalizer: {:?}",
+        copy.finalizers()
+    );
+    policies
+        .delete("cluster-policy-copy", &DeleteParams::default())
+        .await?;
+    wait_for("the ignored copy gone", LONG, || async {
+        Ok(policy_state(admin, "cluster-policy-copy")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    // The operator has seen the deletion once the policy is gone; give the
+    // garbage collector a moment to act on any dependent, then compare.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = daemonset_identities(admin, namespace).await?;
+    ensure!(
+        before == after,
+        "deleting an ignored policy changed DaemonSets: {before:?} → {after:?}"
+    );
+
+    apply_policy(admin, "cluster-policy-next", spec).await?;
+    wait_policy(admin, "cluster-policy-next", "the successor ignored", |p| {
+        p.status.as_ref().is_some_and(|s| s.state == "ignored")
+    })
+    .await?;
+    policies
         .delete("cluster-policy", &DeleteParams::default())
         .await?;
-    wait_for("ClusterPolicy gone", LONG, || async {
+    wait_for("the policy in charge gone", LONG, || async {
         Ok(policy_state(admin, "cluster-policy")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    let next = wait_policy(
+        admin,
+        "cluster-policy-next",
+        "the successor in charge",
+        |p| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| !s.state.is_empty() && s.state != "ignored")
+        },
+    )
+    .await?;
+    ensure!(
+        next.finalizers().iter().any(|f| f == FINALIZER),
+        "the successor holds no finalizer"
+    );
+    let next_uid = next.uid().unwrap_or_default();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let handed = daemonsets(admin, namespace).await?;
+    for ds in &handed {
+        ensure!(
+            ds.owner_references().iter().all(|o| o.uid == next_uid),
+            "DaemonSet {} not owned by the successor: {:?}",
+            ds.name_any(),
+            ds.owner_references()
+        );
+    }
+    let after = daemonset_identities(admin, namespace).await?;
+    ensure!(
+        before == after,
+        "the hand-over changed DaemonSets: {before:?} → {after:?}"
+    );
+
+    // The last ClusterPolicy deleted → everything we created is gone.
+    policies
+        .delete("cluster-policy-next", &DeleteParams::default())
+        .await?;
+    wait_for("ClusterPolicy gone", LONG, || async {
+        Ok(policy_state(admin, "cluster-policy-next")
             .await?
             .is_none()
             .then_some(()))
@@ -674,6 +791,11 @@ async fn scenarios(
             })
             .collect();
         if n.name_any() == paused {
+            // Another agent's value stays.
+            ensure!(
+                node_label(&n, DEPLOY_DEVICE_PLUGIN).as_deref() == Some("paused-for-mig-change"),
+                "cleanup removed the paused value on {paused}"
+            );
             continue;
         }
         if !ours.is_empty() {

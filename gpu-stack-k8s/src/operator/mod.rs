@@ -62,7 +62,7 @@ use serde::Serialize;
 use crate::operator::cluster::{Cluster, ClusterError, Object, ObjectKey};
 use crate::operator::clusterpolicy::{ClusterPolicyStatus, Condition};
 use crate::operator::desired::{
-    Options, active_policy, carry_condition_times, carry_times, ignored_status,
+    Options, active_policy, carry_condition_times, carry_times, ignored_status, is_deleting,
 };
 use crate::operator::migconfig::MigConfigStatus;
 use crate::operator::nvidiadriver::NvidiaDriverStatus;
@@ -234,7 +234,8 @@ impl<C: Cluster> Operator<C> {
         let active_name = active.metadata.name.clone().unwrap_or_default();
         for p in &policies {
             let name = p.metadata.name.clone().unwrap_or_default();
-            if name == active_name {
+            // A deleted policy is on its way out: no status to keep.
+            if name == active_name || is_deleting(p) {
                 continue;
             }
             let mut st = ignored_status(p, &active_name);

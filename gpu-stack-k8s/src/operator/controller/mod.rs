@@ -87,16 +87,32 @@ pub struct PassReport {
     pub requeue_after: Option<Duration>,
 }
 
+impl PassReport {
+    /// The report of a pass that found no policy to run the stack for.
+    pub fn unavailable() -> Self {
+        Self {
+            status: ReconciliationStatus::ClusterPolicyUnavailable,
+            gpu_nodes: 0,
+            has_nfd_labels: false,
+            applied: 0,
+            unchanged: 0,
+            decisions: Vec::new(),
+            requeue_after: None,
+        }
+    }
+}
+
 /// One reconcile pass of the operator for a ClusterPolicy. Implemented over
 /// the kube `Cluster` in [`crate::operator::cluster::kube_cluster`].
 pub trait Pass: Send + Sync + 'static {
     /// Why a pass failed.
     type Error: std::error::Error + Send + Sync + 'static;
-    /// Runs one pass for `policy`.
+    /// Runs one pass for `policy`; `None` when the policy is not in charge
+    /// (nothing reconciled, nothing to record).
     fn run(
         &self,
         policy: Arc<ClusterPolicy>,
-    ) -> impl Future<Output = Result<PassReport, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<PassReport>, Self::Error>> + Send;
 }
 
 /// Errors of the controller loop as a whole.
@@ -225,6 +241,12 @@ async fn reconcile<P: Pass>(
     if let Ok(mut backoff) = ctx.backoff.lock() {
         backoff.reset();
     }
+    let Some(report) = report else {
+        tracing::debug!(policy = %name, "not in charge; nothing reconciled");
+        // The policy in charge runs on every trigger; this one waits for a
+        // change of its own (its deletion, or becoming the oldest).
+        return Ok(Action::await_change());
+    };
     let m = &ctx.metrics;
     m.record_reconcile(report.status);
     m.gpu_nodes_total.set(report.gpu_nodes);

@@ -23,7 +23,7 @@ use super::{Pass, PassReport};
 use crate::operator::cluster::kube_cluster::KubeCluster;
 use crate::operator::cluster::{Cluster, ClusterError, Object};
 use crate::operator::clusterpolicy::{ClusterPolicy, state};
-use crate::operator::desired::{Options, gpu_node_census};
+use crate::operator::desired::{Options, PolicyDuty, gpu_node_census, policy_duty};
 use crate::operator::metrics::ReconciliationStatus;
 use crate::operator::{Operator, OperatorError};
 
@@ -213,15 +213,7 @@ impl OperatorPass {
         self.set_finalizers(policy, without_finalizer(policy.finalizers()))
             .await?;
         tracing::info!(policy = %name, "cleaned up after deleted ClusterPolicy");
-        Ok(PassReport {
-            status: ReconciliationStatus::ClusterPolicyUnavailable,
-            gpu_nodes: 0,
-            has_nfd_labels: false,
-            applied: 0,
-            unchanged: 0,
-            decisions: Vec::new(),
-            requeue_after: None,
-        })
+        Ok(PassReport::unavailable())
     }
 
     /// Keeps only decisions the previous pass did not already publish (by
@@ -243,6 +235,11 @@ impl OperatorPass {
     }
 }
 
+/// Whether the policy carries the operator's finalizer.
+pub fn has_finalizer(policy: &ClusterPolicy) -> bool {
+    policy.finalizers().iter().any(|f| f == FINALIZER)
+}
+
 /// A policy's finalizers without the operator's.
 pub fn without_finalizer(finalizers: &[String]) -> Vec<String> {
     finalizers
@@ -252,10 +249,12 @@ pub fn without_finalizer(finalizers: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// The label patch that undoes the operator's node labels. A `false` is a
-/// person's and stays, except the MIG manager's `false` the operator wrote
-/// for the DRA plugin (marked with [`MIG_MANAGER_OFF`]), which goes with
-/// its mark.
+/// The label patch that undoes the operator's node labels: the `true`
+/// values it writes, and the MIG manager's `false` it wrote for the DRA
+/// plugin (marked with [`MIG_MANAGER_OFF`]) with its mark. Every other
+/// value is another agent's or a person's and stays: a `false`, the
+/// `paused-for-*` values the MIG manager and the driver upgrade write, a
+/// host driver's `pre-installed`.
 pub fn cleanup_patch(labels: &std::collections::BTreeMap<String, String>) -> LabelPatch {
     let marked_off = labels.contains_key(MIG_MANAGER_OFF);
     let mig_manager = Component::MigManager.deploy_label();
@@ -265,7 +264,8 @@ pub fn cleanup_patch(labels: &std::collections::BTreeMap<String, String>) -> Lab
             k.as_str() == MIG_MANAGER_OFF
                 || ((k.as_str() == GPU_PRESENT
                     || (k.starts_with(DEPLOY_PREFIX) && k.as_str() != DEPLOY_OPERANDS))
-                    && (v.as_str() != "false" || (marked_off && **k == mig_manager)))
+                    && (v.as_str() == "true"
+                        || (marked_off && **k == mig_manager && v.as_str() == "false")))
         })
         .map(|(k, _)| (k.clone(), None))
         .collect()
@@ -278,6 +278,21 @@ fn decisions(
 ) -> Vec<(ObjectReference, Decision)> {
     let mut out = Vec::new();
     let policy_ref = policy.object_ref(&());
+    if !report.ignored.is_empty() {
+        out.push((
+            policy_ref.clone(),
+            Decision {
+                severity: Severity::Warning,
+                reason: "DuplicatePolicy".into(),
+                note: format!(
+                    "this ClusterPolicy is in charge; {} ignored (only one policy runs the \
+                     stack): delete the ones you do not want, which changes nothing here",
+                    report.ignored.join(", ")
+                ),
+                action: "Reconcile".into(),
+            },
+        ));
+    }
     if let Some(status) = &report.status {
         for c in &status.conditions {
             if c.type_ == "Error" && c.status == "True" {
@@ -332,36 +347,87 @@ fn status_of(report: &crate::operator::PassReport) -> ReconciliationStatus {
 impl Pass for OperatorPass {
     type Error = KubePassError;
 
-    async fn run(&self, policy: Arc<ClusterPolicy>) -> Result<PassReport, KubePassError> {
+    async fn run(&self, policy: Arc<ClusterPolicy>) -> Result<Option<PassReport>, KubePassError> {
         self.caches.wait_until_synced().await?;
-        if policy.meta().deletion_timestamp.is_some() {
-            self.forget_announced();
-            if policy.finalizers().iter().any(|f| f == FINALIZER) {
-                return self.cleanup(&policy).await;
+        let all: Vec<ClusterPolicy> = self
+            .caches
+            .policies
+            .state()
+            .iter()
+            .map(|p| ClusterPolicy::clone(p))
+            .collect();
+        match policy_duty(&policy, &all) {
+            PolicyDuty::Reconcile => self.reconcile(&policy, Vec::new()).await.map(Some),
+            PolicyDuty::StandBy => {
+                // Only the policy in charge holds the finalizer.
+                if has_finalizer(&policy) {
+                    self.set_finalizers(&policy, without_finalizer(policy.finalizers()))
+                        .await?;
+                }
+                Ok(None)
             }
-            return Ok(PassReport {
-                status: ReconciliationStatus::ClusterPolicyUnavailable,
-                gpu_nodes: 0,
-                has_nfd_labels: false,
-                applied: 0,
-                unchanged: 0,
-                decisions: Vec::new(),
-                requeue_after: None,
-            });
+            PolicyDuty::TearDown => {
+                self.forget_announced();
+                if has_finalizer(&policy) {
+                    return self.cleanup(&policy).await.map(Some);
+                }
+                Ok(Some(PassReport::unavailable()))
+            }
+            PolicyDuty::HandOver { successor } => {
+                let Some(next) = all
+                    .iter()
+                    .find(|p| p.metadata.name.as_deref() == Some(successor.as_str()))
+                else {
+                    return Ok(None);
+                };
+                let handed_over = (
+                    next.object_ref(&()),
+                    Decision {
+                        severity: Severity::Normal,
+                        reason: "HandedOver".into(),
+                        note: format!(
+                            "ClusterPolicy {} was deleted; {successor} is now in charge of the \
+                             stack, which keeps running",
+                            policy.name_any()
+                        ),
+                        action: "Reconcile".into(),
+                    },
+                );
+                // The successor's pass re-owns every object before the
+                // deleted policy goes, so the garbage collector keeps them.
+                let report = self.reconcile(next, vec![handed_over]).await?;
+                if has_finalizer(&policy) {
+                    self.set_finalizers(&policy, without_finalizer(policy.finalizers()))
+                        .await?;
+                }
+                tracing::info!(policy = %policy.name_any(), %successor, "handed over");
+                Ok(Some(report))
+            }
         }
-        if !policy.finalizers().iter().any(|f| f == FINALIZER) {
+    }
+}
+
+impl OperatorPass {
+    /// One pass for the policy in charge, holding its finalizer; `decided`
+    /// holds decisions already made for the Events.
+    async fn reconcile(
+        &self,
+        policy: &ClusterPolicy,
+        mut decided: Vec<(ObjectReference, Decision)>,
+    ) -> Result<PassReport, KubePassError> {
+        if !has_finalizer(policy) {
             let mut all = policy.finalizers().to_vec();
             all.push(FINALIZER.to_string());
-            self.set_finalizers(&policy, all).await?;
+            self.set_finalizers(policy, all).await?;
         }
-        self.cluster().set_owner(&policy);
+        self.cluster().set_owner(policy);
         let report = self.operator.reconcile_once().await?;
         let nodes = self.caches.nodes.state();
         let (gpu_nodes, has_nfd) = gpu_node_census(&nodes);
         let status = status_of(&report);
-        let mut decided = decisions(&policy, &report);
+        decided.extend(decisions(policy, &report));
         if status == ReconciliationStatus::NotReady {
-            decided.extend(self.image_problems(&policy).await);
+            decided.extend(self.image_problems(policy).await);
         }
         // Nodes whose operands another agent paused, or that serve virtual
         // machines: say so once.
@@ -424,11 +490,17 @@ mod tests {
     use std::collections::BTreeMap;
 
     #[test]
-    fn cleanup_removes_only_operator_labels() {
+    fn cleanup_removes_only_the_values_the_operator_writes() {
         let labels: BTreeMap<String, String> = [
             (GPU_PRESENT, "true"),
             ("nvidia.com/gpu.deploy.device-plugin", "true"),
-            ("nvidia.com/gpu.deploy.driver", "paused-for-driver-upgrade"),
+            ("nvidia.com/gpu.deploy.driver", "true"),
+            ("nvidia.com/gpu.deploy.dcgm", "paused-for-driver-upgrade"),
+            (
+                "nvidia.com/gpu.deploy.gpu-feature-discovery",
+                "paused-for-mig-change",
+            ),
+            ("nvidia.com/gpu.deploy.container-toolkit", "pre-installed"),
             ("nvidia.com/gpu.deploy.dcgm-exporter", "false"),
             (DEPLOY_OPERANDS, "true"),
             ("feature.node.kubernetes.io/pci-10de.present", "true"),

@@ -20,7 +20,7 @@ use gpu_stack_core::operator::labels::{
 };
 use gpu_stack_core::operator::nvidiadriver::{DriverCr, DriversPlan, plan_drivers};
 use k8s_openapi::api::core::v1::{Node, Taint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;
 
 use crate::operator::cluster::object::{HASH_ANNOTATION, Object, ObjectKey};
@@ -117,10 +117,69 @@ impl Desired {
     }
 }
 
-/// The policy in charge: the oldest by creation time, name as tie-breaker.
-/// Every other policy is `ignored`.
+/// The policy in charge: the oldest not being deleted, by creation time,
+/// name as tie-breaker. Every other live policy is `ignored`.
 pub fn active_policy(policies: &[ClusterPolicy]) -> Option<&ClusterPolicy> {
-    policies.iter().min_by(|a, b| {
+    oldest(policies.iter().filter(|p| !is_deleting(p)))
+}
+
+/// Whether `policy` carries a deletion timestamp.
+pub fn is_deleting(policy: &ClusterPolicy) -> bool {
+    policy.metadata.deletion_timestamp.is_some()
+}
+
+/// What a pass does for one ClusterPolicy. Only the policy in charge holds
+/// the operator's finalizer, so deleting any other one changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicyDuty {
+    /// In charge: reconcile the stack (and hold the finalizer).
+    Reconcile,
+    /// The policy in charge is being deleted while `successor` lives: the
+    /// successor takes over every object (re-owned, nothing torn down),
+    /// then the deleted one may go.
+    HandOver {
+        /// The live policy now in charge.
+        successor: String,
+    },
+    /// The policy in charge is being deleted and none other lives: remove
+    /// what the operator wrote, then let it go.
+    TearDown,
+    /// Not in charge (ignored, or deleted while another was in charge):
+    /// hold no finalizer and touch nothing else.
+    StandBy,
+}
+
+/// The duty of `policy` among `all` (the cached policies; `policy` itself
+/// may be newer than its cached copy). A deleted policy was in charge when
+/// it is the oldest of every policy still present, deleted ones included.
+pub fn policy_duty(policy: &ClusterPolicy, all: &[ClusterPolicy]) -> PolicyDuty {
+    let name = policy.metadata.name.as_deref();
+    let others = || all.iter().filter(|p| p.metadata.name.as_deref() != name);
+    let is_oldest =
+        |among: Option<&ClusterPolicy>| among.is_none_or(|o| o.metadata.name.as_deref() == name);
+    if !is_deleting(policy) {
+        let live = others().filter(|p| !is_deleting(p)).chain([policy]);
+        return if is_oldest(oldest(live)) {
+            PolicyDuty::Reconcile
+        } else {
+            PolicyDuty::StandBy
+        };
+    }
+    if !is_oldest(oldest(others().chain([policy]))) {
+        return PolicyDuty::StandBy;
+    }
+    match oldest(others().filter(|p| !is_deleting(p))) {
+        Some(successor) => PolicyDuty::HandOver {
+            successor: successor.metadata.name.clone().unwrap_or_default(),
+        },
+        None => PolicyDuty::TearDown,
+    }
+}
+
+/// The oldest policy by creation time, name as tie-breaker; one without a
+/// timestamp sorts last.
+fn oldest<'a>(policies: impl Iterator<Item = &'a ClusterPolicy>) -> Option<&'a ClusterPolicy> {
+    policies.min_by(|a, b| {
         let ta = a.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let tb = b.metadata.creation_timestamp.as_ref().map(|t| t.0);
         // A policy without a timestamp sorts last.
@@ -143,7 +202,10 @@ pub fn ignored_status(policy: &ClusterPolicy, active: &str) -> ClusterPolicyStat
             "Ready",
             false,
             reason::IGNORED,
-            format!("ClusterPolicy {active} is older and in charge; delete this one or that one"),
+            format!(
+                "ClusterPolicy {active} is older and in charge; deleting this one changes \
+                 nothing, deleting that one hands the running stack over to the oldest left"
+            ),
         )],
         unsupported_fields: Vec::new(),
         refused_nodes: Vec::new(),
@@ -611,8 +673,19 @@ pub fn desired_state_with(
             }
         }
     }
+    let owner = ctx.owner();
     for cur in &kept {
         desired_keys.insert(cur.key());
+        // Kept as it is, but owned by the policy in charge: after a hand-over
+        // the garbage collector would delete what the deleted policy owns.
+        let owner_uid = |refs: &Option<Vec<OwnerReference>>| {
+            refs.as_ref().and_then(|r| r.first()).map(|o| o.uid.clone())
+        };
+        if owner.is_some() && owner_uid(&cur.meta().owner_references) != owner_uid(&owner) {
+            let mut reowned = Object::clone(cur);
+            reowned.meta_mut().owner_references.clone_from(&owner);
+            apply.push(reowned);
+        }
         if !daemonset_ready(cur, || selected_nodes(cur, &effective, &taints)) {
             not_ready.push(cur.key().name.clone());
         }

@@ -61,7 +61,8 @@ impl RenderContext<'_> {
         &self.policy.spec
     }
 
-    fn owner(&self) -> Option<Vec<OwnerReference>> {
+    /// The owner references of every object but the Namespace: the policy.
+    pub(crate) fn owner(&self) -> Option<Vec<OwnerReference>> {
         let uid = self.policy.metadata.uid.clone()?;
         Some(vec![OwnerReference {
             api_version: "nvidia.com/v1".into(),

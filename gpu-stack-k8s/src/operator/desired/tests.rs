@@ -1438,3 +1438,113 @@ fn the_driver_check_links_device_nodes_into_the_hosts_dev_char_unless_switched_o
             .any(|v| v.name == "host-dev-char")
     );
 }
+
+/// A policy created at `minute` past midnight, deleted when `deleting`.
+fn policy_at(name: &str, minute: u32, deleting: bool) -> ClusterPolicy {
+    let at = |m: u32| format!("2026-01-01T00:{m:02}:00Z");
+    let mut meta = serde_json::json!({"name": name, "creationTimestamp": at(minute)});
+    if deleting {
+        meta["deletionTimestamp"] = serde_json::json!(at(59));
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": meta, "spec": {},
+    }))
+    .expect("a valid ClusterPolicy")
+}
+
+fn duty_of(all: &[ClusterPolicy], name: &str) -> PolicyDuty {
+    let policy = all
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(name))
+        .expect("listed");
+    policy_duty(policy, all)
+}
+
+#[test]
+fn deleting_a_policy_not_in_charge_touches_nothing() {
+    let all = [policy_at("a", 1, false), policy_at("b", 2, true)];
+    assert_eq!(duty_of(&all, "a"), PolicyDuty::Reconcile);
+    assert_eq!(duty_of(&all, "b"), PolicyDuty::StandBy);
+    let live = [policy_at("a", 1, false), policy_at("b", 2, false)];
+    assert_eq!(duty_of(&live, "b"), PolicyDuty::StandBy);
+}
+
+#[test]
+fn deleting_the_policy_in_charge_hands_over_to_the_oldest_live_one() {
+    let all = [
+        policy_at("a", 1, true),
+        policy_at("b", 2, true),
+        policy_at("c", 3, false),
+        policy_at("d", 4, false),
+    ];
+    assert_eq!(
+        duty_of(&all, "a"),
+        PolicyDuty::HandOver {
+            successor: "c".into()
+        }
+    );
+    assert_eq!(duty_of(&all, "b"), PolicyDuty::StandBy);
+    assert_eq!(duty_of(&all, "c"), PolicyDuty::Reconcile);
+    assert_eq!(duty_of(&all, "d"), PolicyDuty::StandBy);
+    assert_eq!(
+        active_policy(&all).and_then(|p| p.metadata.name.as_deref()),
+        Some("c")
+    );
+}
+
+#[test]
+fn deleting_the_last_policy_tears_the_stack_down() {
+    let all = [policy_at("a", 1, true), policy_at("b", 2, true)];
+    assert_eq!(duty_of(&all, "a"), PolicyDuty::TearDown);
+    assert_eq!(duty_of(&all, "b"), PolicyDuty::StandBy);
+    assert!(active_policy(&all).is_none());
+    // A policy the cache no longer lists still decides from itself.
+    assert_eq!(
+        policy_duty(&policy_at("z", 9, true), &[]),
+        PolicyDuty::TearDown
+    );
+}
+
+proptest::proptest! {
+    /// Whatever the policies: one live policy reconciles when any lives,
+    /// at most one policy tears down or hands over, a hand-over names the
+    /// one that reconciles, and a teardown happens only with none alive.
+    #[test]
+    fn exactly_one_policy_is_in_charge(
+        policies in proptest::collection::vec((0u32..5, proptest::bool::ANY), 1..6)
+    ) {
+        let all: Vec<ClusterPolicy> = policies
+            .iter()
+            .enumerate()
+            .map(|(i, (minute, deleting))| policy_at(&format!("p{i}"), *minute, *deleting))
+            .collect();
+        let duties: Vec<(String, PolicyDuty)> = all
+            .iter()
+            .map(|p| (p.metadata.name.clone().unwrap_or_default(), policy_duty(p, &all)))
+            .collect();
+        let reconciling: Vec<&String> = duties
+            .iter()
+            .filter(|(_, d)| *d == PolicyDuty::Reconcile)
+            .map(|(n, _)| n)
+            .collect();
+        let any_live = all.iter().any(|p| !is_deleting(p));
+        proptest::prop_assert_eq!(reconciling.len(), usize::from(any_live));
+        let active = active_policy(&all).and_then(|p| p.metadata.name.clone());
+        proptest::prop_assert_eq!(reconciling.first().map(|n| (*n).clone()), active);
+        let leaving: Vec<&PolicyDuty> = duties
+            .iter()
+            .map(|(_, d)| d)
+            .filter(|d| matches!(d, PolicyDuty::HandOver { .. } | PolicyDuty::TearDown))
+            .collect();
+        proptest::prop_assert!(leaving.len() <= 1);
+        for d in leaving {
+            match d {
+                PolicyDuty::HandOver { successor } => {
+                    proptest::prop_assert_eq!(Some(successor), reconciling.first().copied());
+                }
+                _ => proptest::prop_assert!(!any_live),
+            }
+        }
+    }
+}
