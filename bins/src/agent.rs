@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::ValueEnum;
+use gpu_stack_k8s::api_client::bounded_client;
 
 /// Log line format chosen with `--log-format`.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -150,8 +151,9 @@ pub async fn kube_config(kubeconfig: Option<&Path>) -> Result<kube::Config> {
     }
 }
 
-/// A Kubernetes client from [`kube_config`].
+/// A Kubernetes client from [`kube_config`], with a deadline on every
+/// request but watches.
 pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
     let config = kube_config(kubeconfig).await?;
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    bounded_client(config).context("building the Kubernetes client")
 }

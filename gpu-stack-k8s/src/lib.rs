@@ -19,6 +19,7 @@
 //! - [`validator`] (validator/): the per-node validator's side effects and the plugin check's workload pod.
 //! - [`node_status`] (node_status.rs): the node status exporter.
 //! - [`clock`] (clock.rs): the wall clock in Unix seconds.
+//! - [`api_client`] (api_client.rs): Kubernetes clients with a deadline on every request.
 //!
 //! ```
 //! // The CRD users install is generated from the Rust types.
@@ -27,6 +28,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![forbid(unsafe_code)]
+pub mod api_client;
 pub mod clock;
 pub mod demo;
 pub mod deviceplugin;

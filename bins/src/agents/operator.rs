@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use gpu_stack_k8s::api_client::bounded_client;
 use gpu_stack_k8s::operator::controller::operator_pass::OperatorPass;
 use gpu_stack_k8s::operator::controller::runner::{RunOptions, run};
 use gpu_stack_k8s::operator::controller::uninstall::{UninstallOptions, uninstall};
@@ -111,8 +112,7 @@ fn hook_config(mut config: kube::Config) -> kube::Config {
 pub async fn operate(args: Args) -> Result<()> {
     let config = kube_config(args.kubeconfig.as_deref()).await?;
     if args.apply_crds || args.delete_crds {
-        let client =
-            kube::Client::try_from(hook_config(config)).context("building the API client")?;
+        let client = bounded_client(hook_config(config)).context("building the API client")?;
         let timeout = Duration::from_secs(args.crd_timeout_seconds);
         if args.apply_crds {
             let names = crds::apply(&client, timeout)
@@ -128,8 +128,7 @@ pub async fn operate(args: Args) -> Result<()> {
         return Ok(());
     }
     if args.uninstall {
-        let client =
-            kube::Client::try_from(hook_config(config)).context("building the API client")?;
+        let client = bounded_client(hook_config(config)).context("building the API client")?;
         let options = UninstallOptions {
             namespace: args.namespace,
             node_discovery: args.node_discovery_daemonset,
