@@ -149,6 +149,10 @@ pub struct OperatorMetrics {
     pub objects_unchanged: Counter,
     /// `gpu_stack_operator_leader`: 1 while this replica holds the lease.
     pub leader: Gauge,
+    /// `gpu_stack_operator_writes_dropped_total`: writes refused because
+    /// this replica was not sure to lead
+    /// ([`crate::operator::controller::client::WriteGate`]).
+    pub writes_dropped: Counter,
     /// `gpu_operator_nodes_upgrades_in_progress`.
     pub nodes_upgrades_in_progress: Gauge,
     /// `gpu_operator_nodes_upgrades_done`.
@@ -184,6 +188,7 @@ impl OperatorMetrics {
         let objects_applied = Counter::default();
         let objects_unchanged = Counter::default();
         let leader = Gauge::default();
+        let writes_dropped = Counter::default();
         let upgrade_gauges: [(Gauge, &str, &str); 6] = [
             (
                 Gauge::default(),
@@ -287,6 +292,11 @@ impl OperatorMetrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        registry.register(
+            "gpu_stack_operator_writes_dropped",
+            "Writes refused because this replica was not sure to hold the leader lease",
+            writes_dropped.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             gpu_nodes_total,
@@ -300,6 +310,7 @@ impl OperatorMetrics {
             objects_applied,
             objects_unchanged,
             leader,
+            writes_dropped,
             nodes_upgrades_in_progress,
             nodes_upgrades_done,
             nodes_upgrades_failed,

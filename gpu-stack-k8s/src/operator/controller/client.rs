@@ -1,4 +1,6 @@
-//! A kube client that counts every request it sends.
+//! The operator's kube client: it counts every request it sends, bounds each
+//! one with a deadline, and lets writes through only while this replica
+//! leads.
 //!
 //! The count feeds `gpu_stack_operator_api_requests_total{verb,resource}`,
 //! which is how the benchmark checks "no writes on resync" from outside.
@@ -11,17 +13,41 @@
 //! attempts never reached the count. The operator's loops retry on their
 //! own (the reconcile requeue, the next upgrade pass, the watchers' backoff,
 //! the lease renewal), so every request here is sent, and counted, once.
+//!
+//! Every request but a watch has [`REQUEST_DEADLINE`] ([`crate::api_client`]).
+//!
+//! [`WriteGate`]: a replica that lost its lease learns so only when a
+//! renewal fails, and its loops would go on writing until their passes end:
+//! two replicas could each hand out the driver upgrade's `maxUnavailable`
+//! slots. The gate refuses every write but the lease's own unless this
+//! replica leads and its last successful lease write is recent enough that
+//! no other replica can have taken the lease since; refused writes are
+//! counted in `gpu_stack_operator_writes_dropped_total`.
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Method, Request, Response};
 use kube::client::{Body, ClientBuilder};
 use kube::{Client, Config};
+use prometheus_client::metrics::counter::Counter;
+use tokio::time::Instant;
 use tower::util::MapRequestLayer;
+use tower::{BoxError, Layer, Service};
 
+use crate::api_client::{DeadlineLayer, REQUEST_DEADLINE};
 use crate::operator::metrics::OperatorMetrics;
 
 /// Builds a client for `config` whose requests are recorded in `metrics`,
-/// without kube's default retries (see the module docs).
+/// without kube's default retries, with a deadline on each request, and
+/// whose writes pass `gate` (see the module docs).
 pub fn counting_client(
     mut config: Config,
     metrics: OperatorMetrics,
+    gate: WriteGate,
 ) -> Result<Client, kube::Error> {
     config.default_retry = false;
     let layer = MapRequestLayer::new(move |req: http::Request<Body>| {
@@ -29,5 +55,271 @@ pub fn counting_client(
         metrics.record_request(req.method().as_str(), uri.path(), uri.query());
         req
     });
-    Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&DeadlineLayer::new(REQUEST_DEADLINE))
+        .with_layer(&layer)
+        .with_layer(&gate)
+        .build())
+}
+
+/// A write refused because this replica may not write now.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "write {method} {path} refused: this replica does not hold the leader lease, or has not \
+     renewed it recently enough to be sure no other replica took it"
+)]
+pub struct NotLeading {
+    /// The refused request's method.
+    pub method: String,
+    /// The refused request's path.
+    pub path: String,
+}
+
+/// Whether writes may go out now (see the module docs). Cloned handles share
+/// one state.
+#[derive(Clone, Debug, Default)]
+pub struct WriteGate {
+    state: Option<Arc<GateState>>,
+}
+
+#[derive(Debug)]
+struct GateState {
+    /// `/apis/coordination.k8s.io/v1/namespaces/<ns>/leases`.
+    leases: String,
+    /// `<leases>/<name>`.
+    lease: String,
+    /// How long a lease write keeps this replica sure of its lead: the
+    /// lease duration less half the renew grace. The renewal goes out a
+    /// whole grace before expiry, so a healthy renewal lands within the
+    /// first half; the second half covers clock skew between replicas.
+    sure_for: Duration,
+    leading: AtomicBool,
+    sure_until: Mutex<Option<Instant>>,
+    dropped: Counter,
+}
+
+impl WriteGate {
+    /// No leader election (a single replica): every write goes out.
+    pub fn open() -> Self {
+        Self { state: None }
+    }
+
+    /// Writes go out only while this replica leads through Lease
+    /// `namespace/name` of `duration`, renewed `grace` before it expires;
+    /// refused writes are counted in `dropped`.
+    pub fn for_lease(
+        namespace: &str,
+        name: &str,
+        duration: Duration,
+        grace: Duration,
+        dropped: Counter,
+    ) -> Self {
+        let leases = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases");
+        Self {
+            state: Some(Arc::new(GateState {
+                lease: format!("{leases}/{name}"),
+                leases,
+                sure_for: duration.saturating_sub(grace / 2),
+                leading: AtomicBool::new(false),
+                sure_until: Mutex::new(None),
+                dropped,
+            })),
+        }
+    }
+
+    /// Records whether the election says this replica leads.
+    pub fn set_leading(&self, leading: bool) {
+        if let Some(s) = &self.state {
+            s.leading.store(leading, Ordering::Release);
+        }
+    }
+
+    /// Whether a write to `path` may go out at `now`.
+    pub fn admits(&self, path: &str, now: Instant) -> bool {
+        let Some(s) = &self.state else {
+            return true;
+        };
+        if s.is_lease(path) {
+            return true;
+        }
+        let sure = s
+            .sure_until
+            .lock()
+            .map(|until| until.is_some_and(|t| now < t))
+            .unwrap_or(false);
+        sure && s.leading.load(Ordering::Acquire)
+    }
+
+    /// A lease write sent at `sent_at` succeeded.
+    fn renewed(&self, sent_at: Instant) {
+        if let Some(s) = &self.state
+            && let Ok(mut until) = s.sure_until.lock()
+        {
+            let t = sent_at + s.sure_for;
+            if until.is_none_or(|u| u < t) {
+                *until = Some(t);
+            }
+        }
+    }
+}
+
+impl GateState {
+    fn is_lease(&self, path: &str) -> bool {
+        path == self.lease || path == self.leases
+    }
+}
+
+fn is_write(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+impl<S> Layer<S> for WriteGate {
+    type Service = Gated<S>;
+
+    fn layer(&self, inner: S) -> Gated<S> {
+        Gated {
+            inner,
+            gate: self.clone(),
+        }
+    }
+}
+
+/// The service [`WriteGate`] builds.
+#[derive(Clone, Debug)]
+pub struct Gated<S> {
+    inner: S,
+    gate: WriteGate,
+}
+
+impl<S, B> Service<Request<Body>> for Gated<S>
+where
+    S: Service<Request<Body>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<B>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let Some(state) = self.gate.state.clone() else {
+            let answer = self.inner.call(req);
+            return Box::pin(async move { answer.await.map_err(Into::into) });
+        };
+        let now = Instant::now();
+        let path = req.uri().path();
+        if is_write(req.method()) && !self.gate.admits(path, now) {
+            state.dropped.inc();
+            let refused = NotLeading {
+                method: req.method().to_string(),
+                path: path.chars().take(200).collect(),
+            };
+            return Box::pin(async move { Err(refused.into()) });
+        }
+        let lease_write = is_write(req.method()) && state.is_lease(path);
+        let gate = self.gate.clone();
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let response = answer.await.map_err(Into::into)?;
+            if lease_write && response.status().is_success() {
+                gate.renewed(now);
+            }
+            Ok(response)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/op";
+    const NODE: &str = "/api/v1/nodes/n1";
+
+    fn gate() -> WriteGate {
+        WriteGate::for_lease(
+            "ns",
+            "op",
+            Duration::from_secs(15),
+            Duration::from_secs(5),
+            Counter::default(),
+        )
+    }
+
+    #[test]
+    fn without_election_every_write_goes_out() {
+        assert!(WriteGate::open().admits(NODE, Instant::now()));
+    }
+
+    #[test]
+    fn writes_need_the_lead_and_a_recent_lease_write() {
+        let g = gate();
+        let t0 = Instant::now();
+        // The lease itself is always written (that is how the lead is won).
+        assert!(g.admits(LEASE, t0));
+        assert!(g.admits("/apis/coordination.k8s.io/v1/namespaces/ns/leases", t0));
+        assert!(!g.admits(NODE, t0), "no lease write yet");
+        g.renewed(t0);
+        assert!(
+            !g.admits(NODE, t0),
+            "renewed, but the election has not said so"
+        );
+        g.set_leading(true);
+        // The renewal is due 10 s in (duration less grace): writes go on
+        // while it is in flight.
+        assert!(g.admits(NODE, t0 + Duration::from_secs(12)));
+        // Near the lease's expiry another replica may take it: writes stop
+        // even if the election has not noticed (a renewal hung or failed).
+        assert!(!g.admits(NODE, t0 + Duration::from_millis(12_500)));
+        g.renewed(t0 + Duration::from_secs(10));
+        assert!(g.admits(NODE, t0 + Duration::from_secs(22)));
+        // An older renewal's answer arriving late moves nothing back.
+        g.renewed(t0);
+        assert!(g.admits(NODE, t0 + Duration::from_secs(22)));
+        g.set_leading(false);
+        assert!(!g.admits(NODE, t0 + Duration::from_secs(9)));
+        // Another lease in the namespace is no exemption.
+        assert!(!g.admits(
+            "/apis/coordination.k8s.io/v1/namespaces/ns/leases/other",
+            t0
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_refused_write_is_counted_and_never_sent() {
+        let dropped = Counter::default();
+        let g = WriteGate::for_lease(
+            "ns",
+            "op",
+            Duration::from_secs(15),
+            Duration::from_secs(5),
+            dropped.clone(),
+        );
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = sent.clone();
+        let inner = tower::service_fn(move |_req: Request<Body>| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, BoxError>(Response::new(())) }
+        });
+        let mut svc = g.layer(inner);
+        let patch = Request::patch(NODE).body(Body::empty()).expect("a request");
+        let err = svc.call(patch).await.expect_err("refused");
+        assert!(err.to_string().contains("refused"), "{err}");
+        let read = Request::get(NODE).body(Body::empty()).expect("a request");
+        assert!(svc.call(read).await.is_ok(), "reads always go out");
+        let renew = Request::patch(LEASE)
+            .body(Body::empty())
+            .expect("a request");
+        assert!(svc.call(renew).await.is_ok());
+        g.set_leading(true);
+        let patch = Request::patch(NODE).body(Body::empty()).expect("a request");
+        assert!(svc.call(patch).await.is_ok(), "leading after a lease write");
+        assert_eq!(dropped.get(), 1);
+        assert_eq!(sent.load(Ordering::SeqCst), 3);
+    }
 }

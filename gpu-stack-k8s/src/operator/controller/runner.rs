@@ -16,7 +16,7 @@ use kube::Client;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::client::counting_client;
+use super::client::{WriteGate, counting_client};
 use super::events::EventPublisher;
 use super::ops::{self, Readiness};
 use super::watches::{Caches, OwnedStores, node_watch, resource_watches};
@@ -121,7 +121,18 @@ where
     F: FnOnce(Client, Caches, &str) -> P,
 {
     let metrics = OperatorMetrics::new();
-    let client = counting_client(config, metrics.clone()).map_err(RunError::Client)?;
+    let gate = match &options.leader {
+        Some(l) => WriteGate::for_lease(
+            &l.namespace,
+            &l.lease_name,
+            l.duration,
+            l.grace,
+            metrics.writes_dropped.clone(),
+        ),
+        None => WriteGate::open(),
+    };
+    let client =
+        counting_client(config, metrics.clone(), gate.clone()).map_err(RunError::Client)?;
     check_platform(&client).await?;
 
     // One watch channel fans the shutdown signal out to every task.
@@ -164,6 +175,7 @@ where
                 }
             }
             tracing::info!(identity = %options.identity, "acquired leadership");
+            gate.set_leading(true);
             Some(l)
         }
         None => {
@@ -185,6 +197,7 @@ where
     };
     let mut watch_lease = leadership.as_ref().map(Leadership::subscribe);
     let mut stop_for_lease = stop_rx.clone();
+    let gate_for_lease = gate.clone();
     tokio::spawn(async move {
         if let Some(rx) = watch_lease.as_mut() {
             // Ends on shutdown too: this receiver must be dropped before the
@@ -192,6 +205,7 @@ where
             // receiver to go away).
             tokio::select! {
                 _ = rx.wait_for(|leader| !*leader) => {
+                    gate_for_lease.set_leading(false);
                     let _ = lost_tx.send(true);
                 }
                 _ = stop_for_lease.wait_for(|s| *s) => {}
@@ -262,6 +276,7 @@ where
     let _ = upgrade_task.await;
     let _ = demand_task.await;
     metrics.leader.set(0);
+    gate.set_leading(false);
 
     let lost = *lost_rx.borrow() && !*stop_rx.borrow();
     if lost {
