@@ -131,10 +131,13 @@ pub enum ControllerError {
 pub struct ControllerSettings {
     /// Quiet period before a burst of triggers runs one pass.
     pub debounce: Duration,
+    /// Where each pass marks itself for `/healthz` ([`ops::Progress`]).
+    pub progress: ops::Progress,
 }
 
 struct Ctx<P> {
     pass: P,
+    progress: ops::Progress,
     metrics: OperatorMetrics,
     events: EventPublisher,
     backoff: Mutex<Backoff>,
@@ -200,6 +203,7 @@ pub async fn run_controller<P: Pass>(
         );
     let ctx = Arc::new(Ctx {
         pass: make_pass(controller.store()),
+        progress: settings.progress.clone(),
         metrics,
         events,
         backoff: Mutex::new(Backoff::new()),
@@ -234,10 +238,12 @@ async fn reconcile<P: Pass>(
 ) -> Result<Action, PassFailed<P::Error>> {
     let name = policy.name_any();
     let started = std::time::Instant::now();
+    let in_flight = ctx.progress.begin("reconcile");
     let report = ctx.pass.run(policy).await.map_err(|source| PassFailed {
         policy: name.clone(),
         source,
     })?;
+    drop(in_flight);
     if let Ok(mut backoff) = ctx.backoff.lock() {
         backoff.reset();
     }

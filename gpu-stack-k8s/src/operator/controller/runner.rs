@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use super::client::{WriteGate, counting_client};
 use super::events::EventPublisher;
-use super::ops::{self, Readiness};
+use super::ops::{self, Progress, Readiness};
 use super::watches::{Caches, OwnedStores, node_watch, resource_watches};
 use super::{ControllerError, ControllerSettings, Pass, run_controller};
 use crate::operator::leader::{LeaderConfig, LeaderError, Leadership};
@@ -152,10 +152,12 @@ where
             source,
         })?;
     let readiness = Readiness::default();
+    let progress = Progress::default();
     let server = tokio::spawn(ops::serve(
         listener,
         metrics.clone(),
         readiness.clone(),
+        progress.clone(),
         stopped(stop_rx.clone()),
     ));
     tracing::info!(listen = %options.listen, "serving /healthz, /readyz, /metrics");
@@ -227,6 +229,7 @@ where
     let events = EventPublisher::new(client.clone(), options.identity.clone());
     let settings = ControllerSettings {
         debounce: options.debounce,
+        progress: progress.clone(),
     };
     let pass_client = client.clone();
     // The driver upgrade loop runs next to the reconcile loop, on the leader
@@ -244,12 +247,17 @@ where
         events.clone(),
     );
     let (upgrade_stop_tx, mut upgrade_stop_rx) = watch::channel(false);
-    let upgrade_task = tokio::spawn(run_upgrades(upgrades, upgrade_triggers, async move {
-        let _ = upgrade_stop_rx.wait_for(|s| *s).await;
-    }));
+    let upgrade_task = tokio::spawn(run_upgrades(
+        upgrades,
+        upgrade_triggers,
+        progress.clone(),
+        async move {
+            let _ = upgrade_stop_rx.wait_for(|s| *s).await;
+        },
+    ));
     // Demand-driven MIG decisions, likewise on the leader only.
     let (demand_stop_tx, mut demand_stop_rx) = watch::channel(false);
-    let demand_task = tokio::spawn(run_demand(client.clone(), async move {
+    let demand_task = tokio::spawn(run_demand(client.clone(), progress, async move {
         let _ = demand_stop_rx.wait_for(|s| *s).await;
     }));
     let result = run_controller(

@@ -47,6 +47,7 @@ use kube::{Client, ResourceExt};
 
 use super::{DemandSettings, MAX_DEMAND_LIST, MigConfig, MigDemandNode, MigDemandStatus};
 use crate::clock::unix_seconds;
+use crate::operator::controller::ops::Progress;
 
 /// Field manager of `status.demand`.
 pub const FIELD_MANAGER: &str = "gpu-stack-mig-demand";
@@ -408,7 +409,11 @@ impl PendingWatch {
 }
 
 /// Runs the demand controller until `shutdown` resolves.
-pub async fn run_demand(client: Client, shutdown: impl Future<Output = ()> + Send) {
+pub async fn run_demand(
+    client: Client,
+    progress: Progress,
+    shutdown: impl Future<Output = ()> + Send,
+) {
     let (mig_configs, mig_writer) = reflector::store();
     let mut mig_changes = watcher(
         Api::<MigConfig>::all(client.clone()),
@@ -472,10 +477,11 @@ pub async fn run_demand(client: Client, shutdown: impl Future<Output = ()> + Sen
                 burst = None;
                 // Without the watch there is no demand-mode MigConfig, so
                 // nothing to decide; before its first list, wait for it.
-                if let Some(w) = pending.as_ref().filter(|w| w.listed)
-                    && let Err(e) = controller.decide_all(&w.store.state()).await
-                {
-                    tracing::warn!(error = %e, "demand decision failed");
+                if let Some(w) = pending.as_ref().filter(|w| w.listed) {
+                    let _in_flight = progress.begin("mig-demand");
+                    if let Err(e) = controller.decide_all(&w.store.state()).await {
+                        tracing::warn!(error = %e, "demand decision failed");
+                    }
                 }
                 false
             }

@@ -34,6 +34,7 @@ use crate::clock::unix_seconds;
 use crate::operator::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
 use crate::operator::controller::events::{Announced, Decision, EventPublisher, Severity};
 use crate::operator::controller::node_writes::NodeWriteFence;
+use crate::operator::controller::ops::Progress;
 use crate::operator::desired::active_policy;
 use crate::operator::metrics::OperatorMetrics;
 use crate::operator::nvidiadriver::NvidiaDriver;
@@ -547,6 +548,7 @@ struct NodeOutcome {
 pub async fn run_upgrades(
     mut controller: UpgradeController,
     mut triggers: BoxStream<'static, ()>,
+    progress: Progress,
     shutdown: impl Future<Output = ()> + Send,
 ) {
     // The watches feed the stores only while their stream is polled, and a
@@ -573,7 +575,10 @@ pub async fn run_upgrades(
             () = tokio::time::sleep(next) => {}
         }
         let started = std::time::Instant::now();
-        next = match controller.pass().await {
+        let in_flight = progress.begin("driver-upgrade");
+        let outcome = controller.pass().await;
+        drop(in_flight);
+        next = match outcome {
             Ok(s) => {
                 if s.patched + s.evicted + s.driver_pods_deleted + s.eviction_blocked > 0 {
                     tracing::info!(
