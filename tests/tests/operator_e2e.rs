@@ -486,6 +486,37 @@ async fn scenarios(
     })
     .await?;
 
+    // A DaemonSet edited by hand → put back by the next pass (the edit is
+    // a trigger; the resync would catch a missed one).
+    let ds_api: Api<DaemonSet> = Api::namespaced(admin.clone(), namespace);
+    let original = ds_api.get(&plugin).await?;
+    let container = |d: &DaemonSet| {
+        d.spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|p| p.containers.first())
+            .map(|c| (c.name.clone(), c.image.clone()))
+    };
+    let (first, image) =
+        container(&original).ok_or_else(|| anyhow!("{plugin} has no container"))?;
+    ds_api
+        .patch(
+            &plugin,
+            &PatchParams::default(),
+            &Patch::Strategic(
+                serde_json::json!({"spec": {"template": {"spec": {"containers": [
+                    {"name": first, "image": "example.invalid/edited-by-hand:1"}
+                ]}}}}),
+            ),
+        )
+        .await?;
+    wait_for("the hand edit put back", LONG, || async {
+        let now = ds_api.get(&plugin).await?;
+        Ok((container(&now).and_then(|(_, i)| i) == image).then_some(()))
+    })
+    .await?;
+
     // A node joins → labelled and served.
     let joined = cluster
         .create_gpu_nodes(&GpuFleet::new(format!("{prefix}-gpu-late"), 1))

@@ -274,9 +274,11 @@ impl<C: Cluster> Operator<C> {
             .list_mig_configs()
             .await
             .map_err(during("listing MigConfigs"))?;
+        let drifted = self.cluster.drifted(&owned);
         let related = desired::Related {
             nvidia_drivers: &drivers,
             mig_configs: &mig_configs,
+            drifted: Some(&drifted),
         };
         let want = desired::desired_state_with(&active, &nodes, &owned, &related, &self.options);
 

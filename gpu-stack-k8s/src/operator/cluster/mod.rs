@@ -7,6 +7,7 @@
 //! implementation is; the in-memory implementation completes immediately, so
 //! callers without a runtime can drive it with `futures::executor::block_on`.
 //! It is used through generics (`C: Cluster`), not `dyn`.
+use std::collections::BTreeSet;
 use std::future::Future;
 
 use gpu_stack_core::operator::labels::LabelPatch;
@@ -85,6 +86,14 @@ pub trait Cluster: Send + Sync {
     /// Every object the operator owns (label `app.kubernetes.io/managed-by=gpu-stack`),
     /// cluster-scoped ones included, with their current status.
     fn list_owned(&self) -> impl Future<Output = Result<Vec<Object>, ClusterError>> + Send;
+
+    /// The objects among `owned` whose live spec may differ from what the
+    /// operator last applied (see [`crate::operator::desired::Related`]).
+    /// None by default: a cluster that nobody else edits.
+    fn drifted(&self, owned: &[Object]) -> BTreeSet<ObjectKey> {
+        let _ = owned;
+        BTreeSet::new()
+    }
 
     /// Creates or replaces an object; returns it as stored (with its new
     /// resource version). A resource version set on the input must match the

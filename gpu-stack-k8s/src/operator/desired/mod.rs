@@ -419,6 +419,12 @@ pub struct Related<'a> {
     pub nvidia_drivers: &'a [NvidiaDriver],
     /// Every MigConfig.
     pub mig_configs: &'a [MigConfig],
+    /// Owned objects whose live spec may no longer be what the operator
+    /// applied (edited by someone else, or not written since the operator
+    /// started): applied again even when their hash matches, which puts a
+    /// hand edit back (server-side apply changes nothing when nothing
+    /// differs).
+    pub drifted: Option<&'a BTreeSet<ObjectKey>>,
 }
 
 /// Computes the desired state, with the cluster's NVIDIADrivers and
@@ -660,9 +666,13 @@ pub fn desired_state_with(
         desired_keys.insert(key.clone());
         match current_by_key.get(&key) {
             Some(cur) if cur.spec_hash() == Some(hash.as_str()) => {
-                unchanged += 1;
                 if !daemonset_ready(cur, || selected_nodes(obj, &effective, &taints)) {
                     not_ready.push(key.name.clone());
+                }
+                if related.drifted.is_some_and(|d| d.contains(&key)) {
+                    apply.push(obj.clone());
+                } else {
+                    unchanged += 1;
                 }
             }
             _ => {

@@ -1548,3 +1548,33 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_drifted_object_is_applied_again_though_its_hash_matches() {
+    const NO_NODES: &[Node] = &[];
+    let policy = policy_with(serde_json::json!({}));
+    let first = desired_state(&policy, NO_NODES, &[], &Options::default());
+    assert!(!first.apply.is_empty());
+    let current = first.apply.clone();
+    let again = desired_state(&policy, NO_NODES, &current, &Options::default());
+    assert!(again.apply.is_empty(), "hashes match: nothing to write");
+    let edited = current
+        .iter()
+        .find(|o| o.as_daemonset().is_some())
+        .expect("a DaemonSet")
+        .key();
+    let drifted: BTreeSet<ObjectKey> = [edited.clone()].into();
+    let repaired = desired_state_with(
+        &policy,
+        NO_NODES,
+        &current,
+        &Related {
+            drifted: Some(&drifted),
+            ..Related::default()
+        },
+        &Options::default(),
+    );
+    let applied: Vec<ObjectKey> = repaired.apply.iter().map(Object::key).collect();
+    assert_eq!(applied, [edited]);
+    assert_eq!(repaired.unchanged, again.unchanged - 1);
+}
