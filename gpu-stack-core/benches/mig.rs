@@ -1,5 +1,6 @@
 //! MIG engine benchmarks: validation, maximal-layout enumeration, fleet planning
-//! (a mixed A100/H100 fleet and an all-H100 one, 10,000 GPUs each).
+//! (a mixed A100/H100 fleet and an all-H100 one, 10,000 GPUs each), and the
+//! operator's demand decision over 1,000 and 10,000 nodes.
 
 use std::hint::black_box;
 
@@ -9,6 +10,7 @@ use gpu_stack_core::mig::{
     FleetGpu, PlacedInstance, enumerate_maximal_layouts, fit, parse_demand, parse_layout,
     plan_fleet, validate,
 };
+use gpu_stack_core::operator::migdemand::{DemandLimits, DemandNode, decide};
 
 fn benches(c: &mut Criterion) {
     let a100 = catalog::lookup("A100-SXM4-40GB")
@@ -112,6 +114,44 @@ fn benches(c: &mut Criterion) {
         "plan 10,000 H100 GPUs (1,250 nodes x 8) mixed demand",
         |b| b.iter(|| plan_fleet(black_box(&h100_fleet), black_box(&h100_demand)).unwrap()),
     );
+    group.finish();
+
+    // The operator's demand decision (`migdemand::decide`) over 1,000 and
+    // 10,000 nodes of 8 H100s laid out as above, for a queue of pending
+    // pods: what one decision costs the operator's thread.
+    let pending = parse_demand("1g.10gb=64,2g.20gb=16,3g.40gb=16,7g.80gb=8").unwrap();
+    let limits = DemandLimits::default();
+    let mut group = c.benchmark_group("migdemand decide");
+    group.sample_size(10);
+    for nodes in [1_000usize, 10_000] {
+        let fleet: Vec<DemandNode<'static>> = (0..nodes)
+            .map(|node| DemandNode {
+                name: format!("node-{node}"),
+                gpus: (0..8)
+                    .map(|gpu| {
+                        let current = h100_layouts[next() as usize % h100_layouts.len()].clone();
+                        let in_use = current.iter().filter(|_| next() % 5 < 2).cloned().collect();
+                        FleetGpu {
+                            id: gpu.to_string(),
+                            geometry: h100,
+                            mig_enabled: true,
+                            current,
+                            in_use,
+                        }
+                    })
+                    .collect(),
+                last_change: None,
+            })
+            .collect();
+        group.bench_function(
+            format!("{nodes} nodes x 8 H100, 104 pending instances"),
+            |b| {
+                b.iter(|| {
+                    decide(black_box(&fleet), black_box(&pending), &limits, 1_000_000).unwrap()
+                })
+            },
+        );
+    }
     group.finish();
 }
 

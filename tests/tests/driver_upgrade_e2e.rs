@@ -4,7 +4,8 @@
 //! within `maxUnavailable`, evict the workload, restart every driver pod at
 //! the new revision and leave every node schedulable and `upgrade-done`
 //! (before the bump, a node whose driver never needed an upgrade carries no
-//! state label).
+//! state label); then a second bump abandoned midway (`autoUpgrade` turned
+//! off), which must leave no node cordoned by the flow.
 //!
 //! The operator runs as a process with the chart's ServiceAccount and RBAC.
 //! The ClusterPolicy is a cluster-wide singleton: this test and
@@ -25,6 +26,8 @@ use gpu_stack_e2e::upgrade::{
     unschedulable,
 };
 use gpu_stack_e2e::{GpuFleet, TestCluster, wait_for};
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
 /// GPU nodes in the fleet.
@@ -210,6 +213,56 @@ async fn rollout(
         progress.upgraded as usize == NODES && progress.total as usize == NODES,
         "status.driverUpgrade says {}",
         progress.message
+    );
+    abandoned_midway(admin, &selector).await
+}
+
+/// An upgrade abandoned midway (`autoUpgrade` turned off) winds down: the
+/// nodes the flow cordoned are uncordoned, a node cordoned by hand before
+/// stays cordoned, no state label is left, and the nodes get an Event.
+async fn abandoned_midway(admin: &Client, selector: &str) -> Result<()> {
+    let by_hand = fleet_nodes(admin, selector)
+        .await?
+        .first()
+        .map(ResourceExt::name_any)
+        .ok_or_else(|| anyhow!("no fleet node"))?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes
+        .patch(
+            &by_hand,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}})),
+        )
+        .await?;
+    apply_policy(admin, spec("575.51.03")).await?;
+    wait_for("the next upgrade cordoning nodes", LONG, || async {
+        let fleet = fleet_nodes(admin, selector).await?;
+        Ok(fleet
+            .iter()
+            .any(|n| n.name_any() != by_hand && unschedulable(n))
+            .then_some(()))
+    })
+    .await?;
+    let mut off = spec("575.51.03");
+    off["driver"]["upgradePolicy"]["autoUpgrade"] = serde_json::json!(false);
+    apply_policy(admin, off).await?;
+    wait_for("the abandoned upgrade wound down", LONG, || async {
+        let fleet = fleet_nodes(admin, selector).await?;
+        Ok(fleet
+            .iter()
+            .all(|n| state_of(n).is_empty() && unschedulable(n) == (n.name_any() == by_hand))
+            .then_some(()))
+    })
+    .await?;
+    let events = Api::<Event>::all(admin.clone())
+        .list(&ListParams::default().fields("reason=DriverUpgradeAbandoned"))
+        .await?;
+    ensure!(
+        events.items.iter().any(|e| e
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("uncordoned"))),
+        "no DriverUpgradeAbandoned Event says a node was uncordoned"
     );
     Ok(())
 }

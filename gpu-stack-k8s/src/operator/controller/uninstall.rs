@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use gpu_stack_core::nodediscovery::{OWNED_ANNOTATION, plan_node_patch};
 use gpu_stack_core::operator::labels::Labels;
+use gpu_stack_core::operator::upgrade::abandon::wind_down;
+use gpu_stack_core::operator::upgrade::state::UpgradeMarks;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -25,6 +27,7 @@ use crate::migmanager::NodePatch;
 use crate::migmanager::kube_node::merge_patch_body;
 use crate::operator::clusterpolicy::ClusterPolicy;
 use crate::operator::controller::operator_pass::{cleanup_patch, without_finalizer};
+use crate::operator::upgrade::apply::wind_down_patch;
 
 /// Errors of the uninstall steps.
 #[derive(Debug, thiserror::Error)]
@@ -295,7 +298,10 @@ async fn stop_operator(
 }
 
 /// Removes the labels the operator added ([`cleanup_patch`]) from every
-/// node; returns how many went.
+/// node, and winds down a driver upgrade left midway (a node the flow
+/// cordoned is uncordoned: see
+/// [`gpu_stack_core::operator::upgrade::abandon`]); returns how many labels
+/// went.
 async fn remove_operator_labels(client: &Client) -> Result<usize, UninstallError> {
     let nodes: Api<Node> = Api::all(client.clone());
     let mut removed = 0;
@@ -304,19 +310,40 @@ async fn remove_operator_labels(client: &Client) -> Result<usize, UninstallError
         .await
         .map_err(api("listing nodes"))?
     {
+        let name = node.name_any();
         let labels: Labels = node.labels().clone().into_iter().collect();
+        let annotations: Labels = node.annotations().clone().into_iter().collect();
         let patch = cleanup_patch(&labels);
-        if patch.is_empty() {
+        let marks = UpgradeMarks::read(&labels, &annotations).unwrap_or_default();
+        // Only a node midway may have been cordoned by the flow: read it whole.
+        let unschedulable = marks.state.in_progress()
+            && nodes
+                .get(&name)
+                .await
+                .map_err(api(format!("reading node {name}")))?
+                .spec
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
+        let wind = wind_down(&marks, unschedulable, &labels, &annotations);
+        if patch.is_empty() && wind.is_none() {
             continue;
         }
         removed += patch.len();
-        let name = node.name_any();
+        let mut body = match &wind {
+            Some(w) => {
+                info!(node = %name, uncordoned = w.uncordon, "{}", w.note);
+                wind_down_patch(w)
+            }
+            None => serde_json::json!({ "metadata": { "labels": {} } }),
+        };
+        if let Some(l) = body
+            .pointer_mut("/metadata/labels")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            l.extend(patch.into_keys().map(|k| (k, serde_json::Value::Null)));
+        }
         nodes
-            .patch_metadata(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({ "metadata": { "labels": patch } })),
-            )
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
             .await
             .map_err(api(format!(
                 "removing the operator's labels from node {name}"

@@ -3,6 +3,7 @@
 //! evictions and driver pod deletions.
 use std::collections::BTreeSet;
 
+use gpu_stack_core::operator::upgrade::abandon::WindDown;
 use gpu_stack_core::operator::upgrade::pass::{NodeDecision, PodRef, UpgradeAction};
 use gpu_stack_core::operator::upgrade::state::{STATE_LABEL, UpgradeState};
 use serde_json::{Map, Value, json};
@@ -25,6 +26,22 @@ impl NodeWork {
     pub fn is_empty(&self) -> bool {
         self.patch.is_none() && self.evict.is_empty() && self.delete.is_empty()
     }
+}
+
+/// The one merge patch that winds a node's abandoned upgrade down (see
+/// [`gpu_stack_core::operator::upgrade::abandon`]).
+pub fn wind_down_patch(w: &WindDown) -> Value {
+    let nulls = |keys: &[&str]| -> Map<String, Value> {
+        keys.iter().map(|k| (k.to_string(), Value::Null)).collect()
+    };
+    let mut patch = json!({"metadata": {
+        "labels": nulls(&w.remove_labels),
+        "annotations": nulls(&w.remove_annotations),
+    }});
+    if w.uncordon {
+        patch["spec"] = json!({ "unschedulable": false });
+    }
+    patch
 }
 
 /// The requests for one decision. `terminating` names the pods already

@@ -11,20 +11,19 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use futures::{StreamExt, stream};
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
+use gpu_stack_core::operator::upgrade::abandon::wind_down;
 use gpu_stack_core::operator::upgrade::pass::{
     NodeObservation, PassOptions, UpgradeGroup, UpgradePlan, plan_groups, stuck_in_groups,
 };
 use gpu_stack_core::operator::upgrade::policy::UpgradePolicy;
-use gpu_stack_core::operator::upgrade::state::{
-    STATE_LABEL, STATE_START_TIME_ANNOTATION, UpgradeState,
-};
+use gpu_stack_core::operator::upgrade::state::{UpgradeMarks, UpgradeState};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::Notify;
 
-use super::apply::{NodeWork, node_work};
+use super::apply::{NodeWork, node_work, wind_down_patch};
 use super::observe::{
     ObserveError, PodSelectors, daemonset_revisions, needs_node_pods, observe_nodes, sort_node_pods,
 };
@@ -167,7 +166,7 @@ impl UpgradeController {
             .map(|p| ClusterPolicy::clone(p))
             .collect();
         let Some(policy) = active_policy(&all).cloned() else {
-            self.clear_labels(&mut summary).await?;
+            self.wind_down_all(&mut summary).await?;
             self.metrics.driver_auto_upgrade_enabled.set(0);
             return Ok(summary);
         };
@@ -180,7 +179,7 @@ impl UpgradeController {
             .driver_auto_upgrade_enabled
             .set(i64::from(auto_upgrade));
         if !auto_upgrade {
-            self.clear_labels(&mut summary).await?;
+            self.wind_down_all(&mut summary).await?;
             self.write_status(&policy, None).await?;
             return Ok(summary);
         }
@@ -370,32 +369,55 @@ impl UpgradeController {
         out
     }
 
-    /// autoUpgrade off or no policy: remove the state label (and the state
-    /// time) from every node that has it, as NVIDIA does.
-    async fn clear_labels(&self, summary: &mut PassSummary) -> Result<(), UpgradeError> {
-        let labelled: Vec<String> = self
-            .stores
-            .nodes
-            .state()
-            .iter()
-            .filter(|n| n.labels().contains_key(STATE_LABEL))
-            .map(|n| n.name_any())
-            .collect();
-        let patch = json!({"metadata": {
-            "labels": {STATE_LABEL: null},
-            "annotations": {STATE_START_TIME_ANNOTATION: null},
-        }});
-        for name in labelled {
-            match self.patch_node(&name, &patch).await {
+    /// Winds every node's upgrade down: with automatic upgrades off or no
+    /// policy in charge nobody finishes them. Nodes the flow cordoned are
+    /// uncordoned, its labels and annotations removed, and each node whose
+    /// upgrade was under way gets an Event saying what was undone.
+    async fn wind_down_all(&mut self, summary: &mut PassSummary) -> Result<(), UpgradeError> {
+        let mut undone = Vec::new();
+        for node in self.stores.nodes.state().iter() {
+            // A state label that is no state still goes.
+            let marks = UpgradeMarks::read(node.labels(), node.annotations()).unwrap_or_default();
+            let Some(w) = wind_down(
+                &marks,
+                node.unschedulable,
+                node.labels(),
+                node.annotations(),
+            ) else {
+                continue;
+            };
+            let name = node.name_any();
+            match self.patch_node(&name, &wind_down_patch(&w)).await {
                 Ok(()) => summary.patched += 1,
-                Err(e) if is_status(&e, 404) => {}
+                Err(e) if is_status(&e, 404) => continue,
                 Err(source) => {
                     return Err(UpgradeError::Api {
-                        during: format!("removing {STATE_LABEL} from node {name}"),
+                        during: format!("winding down the driver upgrade of node {name}"),
                         source,
                     });
                 }
             }
+            if marks.state.in_progress() {
+                tracing::info!(node = %name, uncordoned = w.uncordon, "{}", w.note);
+                undone.push((
+                    ObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("Node".into()),
+                        name: Some(name),
+                        uid: node.uid(),
+                        ..ObjectReference::default()
+                    },
+                    Decision {
+                        severity: Severity::Normal,
+                        reason: "DriverUpgradeAbandoned".into(),
+                        note: w.note,
+                        action: "Upgrade".into(),
+                    },
+                ));
+            }
+        }
+        for (regarding, decision) in undone {
+            self.events.publish(&regarding, &decision).await;
         }
         Ok(())
     }

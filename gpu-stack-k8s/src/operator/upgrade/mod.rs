@@ -26,8 +26,12 @@
 //! Eviction API, so PodDisruptionBudgets hold: a 429 is expected and the pod
 //! is tried again on the next pass.
 //!
-//! With `autoUpgrade` off, or no ClusterPolicy, the state label is removed
-//! from every node that has it, as NVIDIA does. With NVIDIADrivers
+//! With `autoUpgrade` off, or no ClusterPolicy in charge, the state label is
+//! removed from every node that has it, as NVIDIA does, and so is the rest
+//! of an upgrade left midway: a node the flow cordoned is uncordoned (one
+//! cordoned before, or whose upgrade failed, stays cordoned), the flow's
+//! annotations go, and the node gets a `DriverUpgradeAbandoned` Event
+//! ([`gpu_stack_core::operator::upgrade::abandon`]). With NVIDIADrivers
 //! (`driver.useNvidiaDriverCRD`), each resource's nodes (its owner label)
 //! follow that resource's `upgradePolicy` with a budget of their own, as
 //! NVIDIA's per-CR upgrade state does; one more list reads the resources.

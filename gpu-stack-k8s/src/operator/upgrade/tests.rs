@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus}
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
-use super::apply::node_work;
+use super::apply::{node_work, wind_down_patch};
 use super::observe::{
     ObserveError, PodSelectors, daemonset_revisions, observe_nodes, sort_node_pods,
 };
@@ -202,6 +202,29 @@ fn node_pods_are_sorted_into_gpu_wait_and_drain() {
             .terminating
             .contains(&("gpu".into(), "gpu-gone".into()))
     );
+}
+
+#[test]
+fn an_abandoned_upgrade_winds_down_in_one_node_patch() {
+    use gpu_stack_core::operator::upgrade::abandon::WindDown;
+    let w = WindDown {
+        uncordon: true,
+        remove_labels: vec![STATE_LABEL],
+        remove_annotations: vec!["a"],
+        note: String::new(),
+    };
+    assert_eq!(
+        wind_down_patch(&w),
+        json!({
+            "metadata": {"labels": {STATE_LABEL: null}, "annotations": {"a": null}},
+            "spec": {"unschedulable": false},
+        })
+    );
+    let kept = WindDown {
+        uncordon: false,
+        ..w
+    };
+    assert!(wind_down_patch(&kept).get("spec").is_none());
 }
 
 #[test]
