@@ -231,6 +231,48 @@ pub(crate) fn parse_error(
     }
 }
 
+/// Why the agent will not signal the process behind the runtime's socket.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignalRefusal {
+    /// The socket is served by the init process (socket activation, or a
+    /// runtime that is pid 1 of its namespace): a SIGTERM would stop the
+    /// node's service manager, not restart the runtime.
+    #[error(
+        "the runtime's socket is served by pid {pid} (the init process: socket activation?); \
+         restart the runtime with its service manager, or set the toolkit's restart mode to \
+         `none`"
+    )]
+    InitProcess {
+        /// The peer pid read.
+        pid: i32,
+    },
+    /// Two reads of the socket's peer disagree: the runtime is restarting
+    /// or another process took the socket.
+    #[error(
+        "the runtime's socket changed hands while it was checked (pid {first}, then {second}); \
+         nothing was signalled, the next pass tries again"
+    )]
+    PeerChanged {
+        /// The first read.
+        first: i32,
+        /// The second read.
+        second: i32,
+    },
+}
+
+/// The pid to send SIGTERM to for a runtime restart, from two reads of the
+/// socket's peer: both must name the same process, and never the init
+/// process (pid 1, or no pid at all).
+pub fn runtime_to_signal(first: i32, second: i32) -> Result<i32, SignalRefusal> {
+    if first != second {
+        return Err(SignalRefusal::PeerChanged { first, second });
+    }
+    if first <= 1 {
+        return Err(SignalRefusal::InitProcess { pid: first });
+    }
+    Ok(first)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,5 +329,19 @@ mod tests {
         );
         assert!(msg.contains("more bytes left out"), "{msg}");
         assert!(msg.len() < 600, "{}", msg.len());
+    }
+
+    proptest::proptest! {
+        /// Only one process, read twice alike, and never init, is signalled.
+        #[test]
+        fn only_a_steady_peer_other_than_init_is_signalled(a in -3i32..5, b in -3i32..5) {
+            match runtime_to_signal(a, b) {
+                Ok(pid) => proptest::prop_assert!(pid == a && a == b && pid > 1),
+                Err(SignalRefusal::PeerChanged { .. }) => proptest::prop_assert!(a != b),
+                Err(SignalRefusal::InitProcess { pid }) => {
+                    proptest::prop_assert!(a == b && pid <= 1)
+                }
+            }
+        }
     }
 }

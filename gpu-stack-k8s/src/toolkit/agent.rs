@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use gpu_stack_core::toolkit::containerd::{self, Gap};
 use gpu_stack_core::toolkit::layout::{self, Distribution, Target};
-use gpu_stack_core::toolkit::{ConfigError, RuntimeOptions, crio};
+use gpu_stack_core::toolkit::{ConfigError, RuntimeOptions, crio, runtime_to_signal};
 use gpu_stack_nvml::fsutil::write_atomic;
 use serde::{Deserialize, Serialize};
 
@@ -480,7 +480,13 @@ impl ToolkitConfig {
     /// socket and reports ready.
     async fn restart_and_wait(&self, target: &Target) -> Result<(), ToolkitError> {
         let socket = self.host(&target.socket);
-        let old = cri::server_pid(&socket)?;
+        // Read twice: a runtime restarting by itself, or a socket handed to
+        // another process, must not get a stray signal.
+        let first = cri::server_pid(&socket)?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = cri::server_pid(&socket)?;
+        let old = runtime_to_signal(first, second)
+            .map_err(|refusal| ToolkitError::NotTaken(refusal.to_string()))?;
         tracing::info!(pid = old, socket = %target.socket, "restarting the container runtime");
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(old),
