@@ -42,6 +42,10 @@ impl AllocationSource for Allocations {
             .cloned()
             .ok_or_else(|| format!("claim {} is not allocated", claim.uid))
     }
+
+    async fn exists(&self, _namespace: &str, _name: &str, uid: &str) -> Result<bool, String> {
+        Ok(self.0.lock().unwrap().contains_key(uid))
+    }
 }
 
 fn claim(uid: &str) -> ClaimRef {
@@ -284,4 +288,46 @@ fn a_node_the_mig_manager_manages_is_refused_with_how_to_fix_it() {
     labels.insert("nvidia.com/gpu.deploy.mig-manager".into(), "false".into());
     assert_eq!(mig_manager_owns("n1", &labels), None);
     assert_eq!(mig_manager_owns("n1", &BTreeMap::new()), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_deleted_while_the_plugin_was_down_gives_its_instance_back() {
+    use gpu_stack_k8s::kubelet::dra::DraDriver;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SimNodeSpec::uniform("node-c", "H100-SXM5-80GB", 1);
+    let backend: Arc<dyn GpuBackend> = Arc::new(SimulatedBackend::new(&spec).unwrap());
+    let alloc = Allocations::default();
+    let driver = NodeDriver::start(config(dir.path()), backend.clone(), alloc.clone())
+        .await
+        .unwrap();
+    alloc.set("kept", &["gpu-0-mig-3g40gb-9-4"]);
+    alloc.set("gone", &["gpu-0-mig-1g10gb-19-0"]);
+    let out = driver.prepare(vec![claim("kept"), claim("gone")]).await;
+    assert!(out.values().all(Result::is_ok), "{out:?}");
+    assert_eq!(layout(backend.as_ref(), 0).len(), 2);
+    // The plugin goes down; meanwhile one claim is deleted, so no
+    // unprepare ever comes for it.
+    drop(driver);
+    alloc.0.lock().unwrap().remove("gone");
+    let driver = NodeDriver::start(config(dir.path()), backend.clone(), alloc.clone())
+        .await
+        .unwrap();
+    assert_eq!(driver.release_orphans().await, ["gone"]);
+    assert_eq!(layout(backend.as_ref(), 0), [("3g.40gb".to_string(), 4)]);
+    assert!(
+        !dir.path()
+            .join("cdi/gpu.nvidia.com-claim_gone.json")
+            .exists()
+    );
+    assert!(
+        dir.path()
+            .join("cdi/gpu.nvidia.com-claim_kept.json")
+            .exists()
+    );
+    let checkpoint = driver.checkpoint().await;
+    assert_eq!(checkpoint.claims.keys().collect::<Vec<_>>(), ["kept"]);
+    assert!(
+        driver.release_orphans().await.is_empty(),
+        "nothing left to release"
+    );
 }

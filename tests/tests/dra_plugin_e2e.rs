@@ -6,7 +6,9 @@
 //! plugin is SIGKILLed after it created a claim's GPU instance and before it
 //! recorded the claim prepared (MIG changes are slowed on the simulated GPU
 //! to hold that window open): started again, it destroys the instance, and
-//! the kubelet's retry creates it exactly once.
+//! the kubelet's retry creates it exactly once. Last, a prepared claim is
+//! deleted while the plugin is stopped: started again, the plugin destroys
+//! its instance and removes its CDI spec.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -343,6 +345,46 @@ async fn scenario(cluster: &TestCluster, client: &Client, ns: &str, node: &Node)
             &ListParams::default(),
         )
         .await;
+
+    // A claim deleted while its plugin is down: no unprepare ever comes,
+    // and the plugin gives the instance back once it starts again.
+    let (claim, start) = allocated_claim(client, ns, "third", node).await?;
+    let out = standin
+        .prepare(DRIVER, std::slice::from_ref(&claim))
+        .await?;
+    ensure!(out[&claim.uid].is_ok(), "{:?}", out[&claim.uid]);
+    plugin.terminate()?;
+    ensure!(
+        instances(node)? == [("1g.10gb".to_string(), start, 1)],
+        "before the claim goes: {:?}",
+        instances(node)?
+    );
+    let _ = pods
+        .delete_collection(
+            &DeleteParams::default().grace_period(0),
+            &ListParams::default(),
+        )
+        .await;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
+    claims.delete("third", &DeleteParams::default()).await?;
+    wait_for("the third claim gone", STEP, || {
+        let claims = claims.clone();
+        async move { Ok(claims.get_opt("third").await?.is_none().then_some(())) }
+    })
+    .await?;
+    let mut plugin = start_plugin(cluster, node, "plugin-4.log")?;
+    wait_for("the deleted claim's instance released", STEP, || async {
+        let now = instances(node).map_err(|e| E2eError::Check(format!("{e:#}")))?;
+        Ok(now.is_empty().then_some(()))
+    })
+    .await?;
+    ensure!(
+        !node
+            .dir
+            .join(format!("cdi/gpu.nvidia.com-claim_{}.json", claim.uid))
+            .exists(),
+        "the deleted claim's CDI spec is still there"
+    );
     plugin.terminate()?;
     Ok(())
 }

@@ -39,6 +39,16 @@ pub trait AllocationSource: Send + Sync + 'static {
         &self,
         claim: &ClaimRef,
     ) -> impl Future<Output = Result<Vec<AllocatedDevice>, String>> + Send;
+
+    /// Whether the claim `namespace/name` still exists with `uid` (`false`
+    /// when it is gone or was created again under another uid), or why
+    /// that cannot be read.
+    fn exists(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<bool, String>> + Send;
 }
 
 /// The plugin's settings.
@@ -235,6 +245,47 @@ impl<A: AllocationSource> NodeDriver<A> {
     /// The devices last computed for publishing.
     pub async fn published(&self) -> Vec<GpuDevices> {
         self.state.lock().await.published.clone()
+    }
+
+    /// Unprepares the checkpoint's claims the API server no longer has: a
+    /// claim deleted while the kubelet could not tell the plugin (it was
+    /// down, or the node was), or deleted and created again under another
+    /// uid, would otherwise keep its MIG instances and block those
+    /// placements for good. A claim whose state cannot be read stays.
+    /// Returns the uids released.
+    pub async fn release_orphans(&self) -> Vec<String> {
+        let prepared: Vec<(String, String, String)> = {
+            let state = self.state.lock().await;
+            state
+                .checkpoint
+                .claims
+                .iter()
+                .filter(|(_, e)| e.state == ClaimState::Prepared)
+                .map(|(uid, e)| (uid.clone(), e.namespace.clone(), e.name.clone()))
+                .collect()
+        };
+        let mut gone = Vec::new();
+        for (uid, namespace, name) in prepared {
+            match self.allocations.exists(&namespace, &name, &uid).await {
+                Ok(true) => {}
+                Ok(false) => gone.push(uid),
+                Err(e) => tracing::debug!(claim = %uid, error = %e, "claim not checked"),
+            }
+        }
+        let mut released = Vec::new();
+        let mut state = self.state.lock().await;
+        for uid in gone {
+            match self.unprepare_one(&mut state, &uid).await {
+                Ok(()) => {
+                    tracing::info!(claim = %uid, "released a claim the API server no longer has");
+                    released.push(uid);
+                }
+                Err(e) => {
+                    tracing::warn!(claim = %uid, error = %e, "releasing a deleted claim failed; retried on the next rescan")
+                }
+            }
+        }
+        released
     }
 
     /// The claims in the checkpoint.
@@ -573,6 +624,16 @@ impl AllocationSource for KubeAllocations {
             ));
         }
         Ok(allocated_devices(&rc, &self.driver, &self.pool))
+    }
+
+    async fn exists(&self, namespace: &str, name: &str, uid: &str) -> Result<bool, String> {
+        use k8s_openapi::api::resource::v1::ResourceClaim;
+        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
+        let rc = api
+            .get_opt(name)
+            .await
+            .map_err(|e| format!("reading ResourceClaim {namespace}/{name}: {e}"))?;
+        Ok(rc.is_some_and(|rc| rc.metadata.uid.as_deref() == Some(uid)))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The `gpu-dra-plugin` process: refuses a node the MIG manager owns, starts
 //! the node driver, publishes the node's ResourceSlices (again whenever the
-//! GPUs change), and serves the kubelet until shutdown.
+//! GPUs change), releases claims the API server no longer has, and serves
+//! the kubelet until shutdown.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -161,6 +162,9 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     loop {
+        // Claims deleted while the plugin or the kubelet was down give
+        // their GPUs back (at start, then on every rescan).
+        driver.release_orphans().await;
         tokio::select! {
             _ = stop_rx.wait_for(|s| *s) => break,
             _ = tokio::time::sleep(options.rescan) => {}
