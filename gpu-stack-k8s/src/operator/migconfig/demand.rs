@@ -280,7 +280,15 @@ impl DemandController {
                 .unwrap_or_default(),
             ..MigDemandStatus::default()
         };
-        match decide(&planned, pending, &limits, now) {
+        // Thousands of nodes make a decision long enough to hold up the
+        // lease renewal on the operator's one thread: it runs beside it.
+        let owned_pending = pending.clone();
+        let decided =
+            tokio::task::spawn_blocking(move || decide(&planned, &owned_pending, &limits, now))
+                .await
+                .map_err(|e| format!("the decision stopped: {e}"))
+                .and_then(|r| r.map_err(|e| e.to_string()));
+        match decided {
             Ok(decision) => {
                 let fresh = decided_from(&decision, now);
                 let merged = merge_decided(&old, &fresh, &selected);
