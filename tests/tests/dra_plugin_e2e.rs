@@ -373,18 +373,18 @@ async fn scenario(cluster: &TestCluster, client: &Client, ns: &str, node: &Node)
     })
     .await?;
     let mut plugin = start_plugin(cluster, node, "plugin-4.log")?;
-    wait_for("the deleted claim's instance released", STEP, || async {
-        let now = instances(node).map_err(|e| E2eError::Check(format!("{e:#}")))?;
-        Ok(now.is_empty().then_some(()))
-    })
+    let spec = node
+        .dir
+        .join(format!("cdi/gpu.nvidia.com-claim_{}.json", claim.uid));
+    wait_for(
+        "the deleted claim's instance and CDI spec released",
+        STEP,
+        || async {
+            let now = instances(node).map_err(|e| E2eError::Check(format!("{e:#}")))?;
+            Ok((now.is_empty() && !spec.exists()).then_some(()))
+        },
+    )
     .await?;
-    ensure!(
-        !node
-            .dir
-            .join(format!("cdi/gpu.nvidia.com-claim_{}.json", claim.uid))
-            .exists(),
-        "the deleted claim's CDI spec is still there"
-    );
     plugin.terminate()?;
     Ok(())
 }
