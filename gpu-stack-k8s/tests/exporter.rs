@@ -514,6 +514,37 @@ async fn a_hung_gpu_does_not_block_the_others_or_scrapes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_that_hangs_later_has_its_series_go_stale_not_freeze() {
+    use gpu_stack_core::backend::{CallClass, Fault, FaultSpec};
+    let sim = backend(false);
+    let b: Arc<dyn GpuBackend> = sim.clone();
+    let exporter = exporter::start(b, config(Duration::from_millis(100))).unwrap();
+    wait_all_gpus(&exporter, 8).await;
+    // GPU 3 hangs in its next telemetry read: its last values must not stay
+    // on show as if current; the other GPUs go on.
+    sim.inject(FaultSpec {
+        gpu: Some(3),
+        at_ms: 0,
+        fault: Fault::SlowCalls {
+            calls: CallClass::Telemetry,
+            delay_ms: 60_000,
+        },
+    })
+    .unwrap();
+    let text = wait_snapshot(&exporter, "GPU 3's series stale", |t| {
+        t.matches("DCGM_FI_DEV_GPU_TEMP{").count() == 7
+    })
+    .await;
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("DCGM_FI_DEV_GPU_TEMP{") && l.contains("gpu=\"3\"")),
+        "{text}"
+    );
+    exporter.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xid_events_show_as_last_xid_and_windowed_counts() {
     use gpu_stack_core::backend::{Fault, FaultSpec};
     let sim = backend(false);

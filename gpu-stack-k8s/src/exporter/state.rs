@@ -43,6 +43,18 @@ struct GpuSlot {
     /// The GPU stopped answering (fallen off the bus, hung): `samples` hold
     /// only the identities of its last good round, for its Xid series.
     lost: bool,
+    /// When its sampler wrote it.
+    at: Instant,
+}
+
+/// Rounds a GPU's samples outlive their interval before they count as
+/// stale: a sampler stuck in a call that never returns (a hung GPU) would
+/// otherwise leave its last values on show as if they were current.
+pub const STALE_AFTER_ROUNDS: u32 = 3;
+
+/// Whether samples written at `at` are stale at `now` for `interval`.
+fn is_stale(at: Instant, now: Instant, interval: Duration) -> bool {
+    now.saturating_duration_since(at) > interval.saturating_mul(STALE_AFTER_ROUNDS)
 }
 
 struct PodView {
@@ -423,6 +435,7 @@ fn sampler_loop(
             Ok(samples) => Some(GpuSlot {
                 samples,
                 lost: false,
+                at: Instant::now(),
             }),
             Err(call) => {
                 tracing::warn!(
@@ -434,6 +447,7 @@ fn sampler_loop(
                 (!sampler.last_entities.is_empty()).then(|| GpuSlot {
                     samples: sampler.last_entities.clone(),
                     lost: true,
+                    at: Instant::now(),
                 })
             }
         };
@@ -493,7 +507,16 @@ fn xid_loop(backend: Arc<dyn GpuBackend>, shared: Arc<Shared>, tx: mpsc::Sender<
 }
 
 fn composer_loop(shared: Arc<Shared>, rx: mpsc::Receiver<()>) {
-    while rx.recv().is_ok() {
+    // Also once an interval without news (after the first): a GPU whose
+    // sampler hangs sends none, and its series must still go stale.
+    let mut heard = false;
+    loop {
+        match rx.recv_timeout(shared.config.interval) {
+            Ok(()) => heard = true,
+            Err(mpsc::RecvTimeoutError::Timeout) if heard => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
         // Coalesce a burst (every GPU finishing its round) into one rendering.
         while rx.try_recv().is_ok() {}
         if shared.stopped() {
@@ -520,10 +543,21 @@ fn composer_loop(shared: Arc<Shared>, rx: mpsc::Receiver<()>) {
 fn compose(shared: &Shared) -> Snapshot {
     let mut samples: Vec<EntitySample> = Vec::new();
     let mut gpus = 0;
+    let now_instant = Instant::now();
     for slot in &shared.slots {
         if let Ok(slot) = slot.lock()
             && let Some(s) = slot.as_ref()
         {
+            if !s.lost && is_stale(s.at, now_instant, shared.config.interval) {
+                // Stale: only the identities stay, for the Xid series, as
+                // for a GPU that stopped answering.
+                samples.extend(
+                    s.samples
+                        .iter()
+                        .map(|e| EntitySample::new(e.identity.clone())),
+                );
+                continue;
+            }
             gpus += usize::from(!s.lost);
             samples.extend(s.samples.iter().cloned());
         }
@@ -602,5 +636,21 @@ fn compose(shared: &Shared) -> Snapshot {
         openmetrics: Bytes::from(om),
         series,
         gpus,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_go_stale_after_three_intervals() {
+        let at = Instant::now();
+        let interval = Duration::from_secs(30);
+        assert!(!is_stale(at, at, interval));
+        assert!(!is_stale(at, at + Duration::from_secs(90), interval));
+        assert!(is_stale(at, at + Duration::from_secs(91), interval));
+        // A clock read before the write is not stale.
+        assert!(!is_stale(at + Duration::from_secs(5), at, interval));
     }
 }
