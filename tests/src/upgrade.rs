@@ -76,6 +76,33 @@ impl OperatorProcess {
         self.child.id()
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .context("running kill")?;
+        anyhow::ensure!(status.success(), "kill -{signal} {} failed", self.pid());
+        Ok(())
+    }
+
+    /// Waits (at most `within`) for the process to exit by itself.
+    pub async fn exited(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "the operator (pid {}) did not exit within {within:?}",
+                self.pid()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// SIGKILL, and reap the process.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

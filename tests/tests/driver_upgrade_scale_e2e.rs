@@ -11,9 +11,13 @@
 //!   gets the `DriverUpgradeStuck` condition naming the node, its state and
 //!   the pod, and the node a Warning Event; once the budget goes, the node
 //!   finishes and leaves the condition;
-//! - the operator is SIGKILLed while nodes are mid-upgrade (old driver pods
-//!   deleted, new ones not yet validated) and started again: the rollout
-//!   continues from the node labels and no driver pod is restarted twice.
+//! - two replicas run; the leader is stopped (SIGSTOP) while nodes are
+//!   mid-upgrade (old driver pods deleted, new ones not yet validated) for
+//!   longer than its lease, the standby takes over, and the old leader
+//!   resumes in the middle of its pass: its writes are refused and it exits
+//!   for the lost lease; then the new leader is SIGKILLed and a replica
+//!   started again: the rollout continues from the node labels, the budget
+//!   holds across both handovers, and no driver pod is restarted twice.
 //!
 //! A watch on the nodes counts the unschedulable and NotReady nodes after
 //! every change, so the budget is checked at every step of the rollout, not
@@ -289,6 +293,15 @@ async fn scale_rollout(s: &Setup) -> Result<()> {
         "upgrade-scale-e2e",
         std::slice::from_ref(&stuck_after),
     )?;
+    operator.wait_leading().await?;
+    // A second replica waits for the lease.
+    let mut standby = OperatorProcess::start(
+        &bin,
+        &s.kubeconfig,
+        &s.namespace,
+        "upgrade-scale-e2e-standby",
+        std::slice::from_ref(&stuck_after),
+    )?;
     install(s, NODES, MAX_UNAVAILABLE).await?;
     stop_node(admin, &dead_node).await?;
 
@@ -369,8 +382,27 @@ async fn scale_rollout(s: &Setup) -> Result<()> {
         }))
     })
     .await?;
-    operator.kill();
-    eprintln!("operator SIGKILLed with nodes in {at_kill:?}");
+    // The leader is cut off mid-upgrade (SIGSTOP) for longer than its
+    // lease: the standby takes over; then the old leader resumes in the
+    // middle of its pass. Its writes are refused (it cannot be sure it
+    // leads) and it steps down: the budget holds across the handover.
+    operator.signal("STOP")?;
+    let paused = Instant::now();
+    standby.wait_leading().await?;
+    eprintln!(
+        "leader stopped with nodes in {at_kill:?}; the standby took over after {:.1} s",
+        paused.elapsed().as_secs_f64()
+    );
+    operator.signal("CONT")?;
+    let status = operator.exited(LONG).await?;
+    ensure!(
+        !status.success(),
+        "the old leader should exit for the lost lease, not cleanly: {status}"
+    );
+    // Then the new leader is SIGKILLed and a replica started again.
+    standby.kill();
+    eprintln!("new leader SIGKILLed");
+    drop(standby);
     drop(operator);
     let operator = OperatorProcess::start(
         &bin,
@@ -493,7 +525,7 @@ async fn scale_rollout(s: &Setup) -> Result<()> {
         )
     });
     eprintln!(
-        "driver upgrade of {NODES} nodes (one NotReady, one held by a PodDisruptionBudget, operator killed once): \
+        "driver upgrade of {NODES} nodes (one NotReady, one held by a PodDisruptionBudget, leader stopped past its lease once and killed once): \
          {} nodes done in {:.1} s, the held one {:.1} s; peak unavailable {peak_unavailable} \
          (cordoned {peak_cordoned}, budget {BUDGET}); the NotReady node went through {dead_states:?}",
         NODES - 2,
