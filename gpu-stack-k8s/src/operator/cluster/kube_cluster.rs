@@ -33,7 +33,7 @@ use serde::de::DeserializeOwned;
 use super::{Cluster, ClusterError, Object, ObjectKey};
 use crate::operator::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
 use crate::operator::controller::node_writes::NodeWriteFence;
-use crate::operator::controller::watches::{Caches, WatchedNode};
+use crate::operator::controller::watches::{Caches, WatchedNode, policies_in};
 use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 
@@ -386,13 +386,7 @@ impl Cluster for KubeCluster {
     }
 
     async fn list_cluster_policies(&self) -> Result<Vec<ClusterPolicy>, ClusterError> {
-        let policies: Vec<ClusterPolicy> = self
-            .caches
-            .policies
-            .state()
-            .iter()
-            .map(|p| ClusterPolicy::clone(p))
-            .collect();
+        let policies = policies_in(&self.caches.policies);
         // The policy in charge owns what this pass applies.
         if let Some(active) = crate::operator::desired::active_policy(&policies) {
             self.set_owner(active);

@@ -18,7 +18,7 @@ use kube::{Api, Resource, ResourceExt};
 
 use super::events::{Announced, Decision, Severity};
 use super::operand_pods;
-use super::watches::{CacheError, Caches};
+use super::watches::{CacheError, Caches, policies_in};
 use super::{Pass, PassReport};
 use crate::operator::cluster::kube_cluster::KubeCluster;
 use crate::operator::cluster::{Cluster, ClusterError, Object};
@@ -349,13 +349,7 @@ impl Pass for OperatorPass {
 
     async fn run(&self, policy: Arc<ClusterPolicy>) -> Result<Option<PassReport>, KubePassError> {
         self.caches.wait_until_synced().await?;
-        let all: Vec<ClusterPolicy> = self
-            .caches
-            .policies
-            .state()
-            .iter()
-            .map(|p| ClusterPolicy::clone(p))
-            .collect();
+        let all = policies_in(&self.caches.policies);
         match policy_duty(&policy, &all) {
             PolicyDuty::Reconcile => self.reconcile(&policy, Vec::new()).await.map(Some),
             PolicyDuty::StandBy => {

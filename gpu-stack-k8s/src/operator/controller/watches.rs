@@ -277,6 +277,16 @@ impl OwnedStores {
     }
 }
 
+/// Copies of the ClusterPolicies in `store`, for the rules that take a
+/// slice of them.
+pub fn policies_in(store: &Store<ClusterPolicy>) -> Vec<ClusterPolicy> {
+    store
+        .state()
+        .iter()
+        .map(|p| ClusterPolicy::clone(p))
+        .collect()
+}
+
 /// What a reconcile pass reads, all from watch caches.
 #[derive(Clone)]
 pub struct Caches {

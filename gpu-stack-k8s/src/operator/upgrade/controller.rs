@@ -34,6 +34,7 @@ use crate::operator::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
 use crate::operator::controller::events::{Announced, Decision, EventPublisher, Severity};
 use crate::operator::controller::node_writes::NodeWriteFence;
 use crate::operator::controller::ops::Progress;
+use crate::operator::controller::watches::policies_in;
 use crate::operator::desired::active_policy;
 use crate::operator::metrics::OperatorMetrics;
 use crate::operator::nvidiadriver::NvidiaDriver;
@@ -158,13 +159,7 @@ impl UpgradeController {
         self.node_writes
             .catch_up(NODE_WRITES_CATCH_UP, "the driver upgrade controller")
             .await;
-        let all: Vec<ClusterPolicy> = self
-            .stores
-            .policies
-            .state()
-            .iter()
-            .map(|p| ClusterPolicy::clone(p))
-            .collect();
+        let all = policies_in(&self.stores.policies);
         let Some(policy) = active_policy(&all).cloned() else {
             self.wind_down_all(&mut summary).await?;
             self.metrics.driver_auto_upgrade_enabled.set(0);
