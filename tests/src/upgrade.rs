@@ -78,13 +78,7 @@ impl OperatorProcess {
 
     /// Sends `signal` (`STOP`, `CONT`, ...) to the process.
     pub fn signal(&self, signal: &str) -> Result<()> {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid().to_string())
-            .status()
-            .context("running kill")?;
-        anyhow::ensure!(status.success(), "kill -{signal} {} failed", self.pid());
-        Ok(())
+        send_signal(self.pid(), signal)
     }
 
     /// Waits (at most `within`) for the process to exit by itself.
@@ -111,17 +105,27 @@ impl OperatorProcess {
 
     /// The `/metrics` page (empty if it cannot be read): plain HTTP on loopback.
     pub async fn metrics_page(&self) -> String {
+        self.page("/metrics").await
+    }
+
+    /// The whole HTTP answer to `GET path` (empty if there is none).
+    pub async fn page(&self, path: &str) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let Ok(mut stream) = tokio::net::TcpStream::connect(&self.listen).await else {
             return String::new();
         };
-        let req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
         if stream.write_all(req.as_bytes()).await.is_err() {
             return String::new();
         }
         let mut body = String::new();
         let _ = stream.read_to_string(&mut body).await;
         body
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// One gauge or counter without labels.
@@ -152,6 +156,52 @@ impl OperatorProcess {
 impl Drop for OperatorProcess {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Sends `signal` (`STOP`, `CONT`, ...) to process `pid`.
+pub fn send_signal(pid: u32, signal: &str) -> Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .context("running kill")?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
+    Ok(())
+}
+
+/// The test cluster's kube-apiserver, stopped (SIGSTOP) until this is
+/// dropped: it is resumed even when the test fails midway.
+pub struct StoppedApiServer {
+    pid: u32,
+}
+
+impl StoppedApiServer {
+    /// Stops the kube-apiserver of the test cluster whose kubeconfig is
+    /// `kubeconfig` (`cargo xtask cluster up` keeps its pid beside it).
+    pub fn stop(kubeconfig: &Path) -> Result<Self> {
+        let file = kubeconfig
+            .parent()
+            .map(|d| d.join("pids/kube-apiserver.pid"))
+            .context("the kubeconfig has no folder")?;
+        let pid: u32 = std::fs::read_to_string(&file)
+            .with_context(|| {
+                format!(
+                    "reading {} (this step needs the test cluster of `cargo xtask cluster up`)",
+                    file.display()
+                )
+            })?
+            .trim()
+            .parse()
+            .with_context(|| format!("{} holds no pid", file.display()))?;
+        send_signal(pid, "STOP")?;
+        Ok(Self { pid })
+    }
+}
+
+impl Drop for StoppedApiServer {
+    fn drop(&mut self) {
+        let _ = send_signal(self.pid, "CONT");
     }
 }
 
