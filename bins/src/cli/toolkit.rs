@@ -21,7 +21,7 @@ use gpu_stack_k8s::deviceplugin::cdi::{DEFAULT_CDI_DIR, discover_host_files, wri
 use gpu_stack_k8s::deviceplugin::node::{MIG_MINORS_PATH, read_node_gpus};
 use gpu_stack_k8s::toolkit::{
     PodIdentity, RemovalWatch, RestartMode, RuntimeKind, ToolkitConfig, component_removed,
-    host_path, refusal_means_removal, run as run_agent,
+    host_path, run as run_agent,
 };
 
 use crate::agent::{LogFormat, init_logging, kube_client, run_main, shutdown_signal};
@@ -210,20 +210,18 @@ async fn watch_removal(args: &Args) -> Option<(kube::Client, PodIdentity, Remova
     }
 }
 
-/// At SIGTERM: asks the API server; if it refuses (the operator deletes the
-/// agent's role with the DaemonSet), goes by what the watches last saw.
+/// At SIGTERM: asks the API server; if it refuses or does not answer (the
+/// operator deletes the agent's role with the DaemonSet), goes by what the
+/// watches last saw, never by the refusal alone.
 async fn removal_wanted(watched: Option<(kube::Client, PodIdentity, RemovalWatch)>) -> bool {
     let Some((client, who, watch)) = watched else {
         return false;
     };
     match component_removed(&client, &who).await {
         Ok(removed) => removed || watch.removed(),
-        // Refused: the agent's account or role is gone, and the operator
-        // deletes them only with the DaemonSet.
-        Err(kube::Error::Api(e)) if refusal_means_removal(e.code) => {
-            tracing::info!(error = %e, "the toolkit's account or role is gone with its DaemonSet: removing");
-            true
-        }
+        // Refused (the operator deletes the agent's role with the
+        // DaemonSet, but a refusal alone proves nothing) or unanswered:
+        // the watches decide.
         Err(e) => {
             // The watch events of a deletion usually arrive before the pod's
             // SIGTERM (the garbage collector deletes the pods after their

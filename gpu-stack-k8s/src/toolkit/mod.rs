@@ -105,17 +105,6 @@ pub async fn component_removed(client: &Client, who: &PodIdentity) -> Result<boo
     ))
 }
 
-/// Whether the API server's refusal of the removal check (HTTP `code`) says
-/// the toolkit is being removed. The operator deletes the agent's
-/// ServiceAccount and role only with its DaemonSet: a 403 is the role gone,
-/// a 401 the account gone (its token is refused with it). A rolling update,
-/// an eviction or a reboot keeps both. (A force-deleted pod's token is
-/// refused too: that costs one runtime restart, which the next pod's
-/// configuration undoes, never a configuration left behind.)
-pub fn refusal_means_removal(code: u16) -> bool {
-    matches!(code, 401 | 403)
-}
-
 /// The DaemonSet that owns `pod`, if any.
 fn owner_daemonset(pod: Pod) -> Option<OwnerReference> {
     pod.metadata
@@ -284,16 +273,6 @@ mod tests {
         };
         assert_eq!(owner_daemonset(pod).map(|o| o.uid), Some("u1".to_string()));
         assert!(owner_daemonset(Pod::default()).is_none());
-    }
-
-    #[test]
-    fn only_a_refused_identity_or_role_means_removal() {
-        // 401: the ServiceAccount is gone; 403: the role is.
-        assert!(refusal_means_removal(401) && refusal_means_removal(403));
-        // An API server that is down, busy or not found says nothing.
-        for code in [404, 409, 429, 500, 503, 504] {
-            assert!(!refusal_means_removal(code), "{code}");
-        }
     }
 
     #[test]
