@@ -228,6 +228,10 @@ struct Running {
     up: Arc<AtomicBool>,
 }
 
+/// How long a component may take to stop before the supervisor leaves it
+/// behind on its thread.
+const STOP_DEADLINE: Duration = Duration::from_secs(30);
+
 /// Poll interval of a gate that waits for status files (NVIDIA's `sleep 5`).
 const GATE_POLL: Duration = Duration::from_secs(5);
 
@@ -251,7 +255,11 @@ fn start(
     let gates = gates
         .filter(|_| component != Component::OperatorValidator)
         .cloned();
-    let task = tokio::spawn(async move {
+    // Each component runs on a thread and runtime of its own: one stuck in
+    // a call that never returns (a hung GPU under a synchronous NVML call)
+    // stalls neither the other components nor the supervisor.
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let run = move || async move {
         let result = async {
             if let Some(v) = gates {
                 tokio::select! {
@@ -278,6 +286,24 @@ fn start(
         }
         .await;
         result.map_err(|e| format!("{e:#}"))
+    };
+    std::thread::Builder::new()
+        .name(format!("agent-{}", component.deploy_label_suffix()))
+        .spawn(move || {
+            let outcome = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(run()),
+                Err(e) => Err(format!("cannot build the component's runtime: {e}")),
+            };
+            let _ = done_tx.send(outcome);
+        })
+        .context("starting the component's thread")?;
+    let task = tokio::spawn(async move {
+        done_rx
+            .await
+            .unwrap_or_else(|_| Err("the component's thread ended without an outcome".into()))
     });
     Ok(Running {
         stop,
@@ -462,6 +488,10 @@ pub async fn supervise(args: Args) -> Result<(), Failure> {
         });
     }
     set_ready_file(&args.ready_file, false);
+    // Every component winds down at once; each is then awaited (bounded).
+    for r in slots.iter().filter_map(|s| s.running.as_ref()) {
+        let _ = r.stop.send(true);
+    }
     for slot in &mut slots {
         reconcile(slot, false, "shutting down", gates.as_ref(), &clients_rx).await;
     }
@@ -521,10 +551,17 @@ async fn reconcile(
         (Some(_), false) => {
             if let Some(r) = slot.running.take() {
                 let _ = r.stop.send(true);
-                match r.task.await {
-                    Ok(Err(err)) => tracing::warn!(component = name, "stopped with: {err}"),
-                    Err(err) => tracing::warn!(component = name, %err, "stopped abnormally"),
-                    Ok(Ok(())) => {}
+                match tokio::time::timeout(STOP_DEADLINE, r.task).await {
+                    Ok(Ok(Err(err))) => tracing::warn!(component = name, "stopped with: {err}"),
+                    Ok(Err(err)) => tracing::warn!(component = name, %err, "stopped abnormally"),
+                    Ok(Ok(Ok(()))) => {}
+                    // Left to finish on its own thread; the supervisor and
+                    // the other components go on.
+                    Err(_) => tracing::error!(
+                        component = name,
+                        secs = STOP_DEADLINE.as_secs(),
+                        "did not stop in time (stuck in a call?); left behind"
+                    ),
                 }
                 tracing::info!(component = name, "{why}: stopped");
             }
