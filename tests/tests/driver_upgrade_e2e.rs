@@ -7,7 +7,8 @@
 //! state label). In the middle of that rollout the API server is stopped
 //! (SIGSTOP) for 60 s: the operator must neither exit nor wedge. Then a
 //! second bump is abandoned midway (`autoUpgrade` turned
-//! off), which must leave no node cordoned by the flow.
+//! off), and a third by uninstalling the stack (`gpu-operator --uninstall`),
+//! each of which must leave no node cordoned by the flow.
 //!
 //! The operator runs as a process with the chart's ServiceAccount and RBAC.
 //! The ClusterPolicy is a cluster-wide singleton: this test and
@@ -217,7 +218,54 @@ async fn rollout(
         "status.driverUpgrade says {}",
         progress.message
     );
-    abandoned_midway(admin, &selector).await
+    let by_hand = abandoned_midway(admin, &selector).await?;
+    uninstalled_midway(cluster, admin, bin, namespace, &selector, &by_hand).await
+}
+
+/// The stack uninstalled in the middle of a rollout (what the chart's
+/// pre-delete hook runs, `gpu-operator --uninstall`, with the operator
+/// still running): no node is left cordoned by the flow, and none keeps a
+/// state label; the node cordoned by hand stays cordoned.
+async fn uninstalled_midway(
+    cluster: &TestCluster,
+    admin: &Client,
+    bin: &Path,
+    namespace: &str,
+    selector: &str,
+    by_hand: &str,
+) -> Result<()> {
+    apply_policy(admin, spec("580.65.06")).await?;
+    wait_for("a third upgrade cordoning nodes", LONG, || async {
+        let fleet = fleet_nodes(admin, selector).await?;
+        Ok(fleet
+            .iter()
+            .any(|n| n.name_any() != by_hand && unschedulable(n))
+            .then_some(()))
+    })
+    .await?;
+    let status = tokio::process::Command::new(bin)
+        .arg(format!("--kubeconfig={}", cluster.kubeconfig().display()))
+        .arg(format!("--namespace={namespace}"))
+        .args(["--uninstall", "--uninstall-timeout-seconds=120"])
+        .status()
+        .await?;
+    ensure!(
+        status.success(),
+        "gpu-operator --uninstall exited with {status}"
+    );
+    wait_for(
+        "no node marked by the upgrade after the uninstall",
+        LONG,
+        || async {
+            let fleet = fleet_nodes(admin, selector).await?;
+            Ok(fleet
+                .iter()
+                .all(|n| state_of(n).is_empty() && unschedulable(n) == (n.name_any() == by_hand))
+                .then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
 }
 
 /// How long the API server is stopped in the middle of the rollout.
@@ -283,7 +331,7 @@ async fn api_server_stall(
 /// An upgrade abandoned midway (`autoUpgrade` turned off) winds down: the
 /// nodes the flow cordoned are uncordoned, a node cordoned by hand before
 /// stays cordoned, no state label is left, and the nodes get an Event.
-async fn abandoned_midway(admin: &Client, selector: &str) -> Result<()> {
+async fn abandoned_midway(admin: &Client, selector: &str) -> Result<String> {
     let by_hand = fleet_nodes(admin, selector)
         .await?
         .first()
@@ -327,5 +375,5 @@ async fn abandoned_midway(admin: &Client, selector: &str) -> Result<()> {
             .is_some_and(|m| m.contains("uncordoned"))),
         "no DriverUpgradeAbandoned Event says a node was uncordoned"
     );
-    Ok(())
+    Ok(by_hand)
 }
