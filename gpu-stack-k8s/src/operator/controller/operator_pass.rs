@@ -1,8 +1,11 @@
 //! The operator logic ([`crate::operator::Operator`]) as a controller [`Pass`]
-//! over [`KubeCluster`], plus what only a real cluster needs: a finalizer so
-//! that deleting the ClusterPolicy also removes the node labels the operator
-//! added, and Events for decisions (published when a condition appears, not on
-//! every pass while it holds, and again if it clears and comes back).
+//! over [`KubeCluster`], plus what only a real cluster needs: a finalizer, on
+//! the ClusterPolicy in charge only, so that deleting the last policy also
+//! removes the node labels the operator added (deleting another one changes
+//! nothing; deleting the one in charge while another lives hands the stack
+//! over: [`crate::operator::desired::PolicyDuty`]), and Events for decisions
+//! (published when a condition appears, not on every pass while it holds, and
+//! again if it clears and comes back).
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,7 +30,8 @@ use crate::operator::desired::{Options, PolicyDuty, gpu_node_census, policy_duty
 use crate::operator::metrics::ReconciliationStatus;
 use crate::operator::{Operator, OperatorError};
 
-/// Finalizer on the ClusterPolicy: node label cleanup runs before it goes.
+/// Finalizer on the ClusterPolicy in charge: node label cleanup runs before
+/// the last policy goes.
 pub const FINALIZER: &str = "nvidia.com/gpu-stack-cleanup";
 
 /// Requeue delay while operands are not ready (NVIDIA's operator uses 5 s).
