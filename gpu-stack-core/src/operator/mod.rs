@@ -18,6 +18,7 @@
 //! - [`devchar`]: the `/dev/char` links the driver check makes for NVIDIA's
 //!   device nodes.
 //! - [`platform`]: the Kubernetes releases the operator runs against.
+//! - [`drift`]: which owned objects someone else edited since the operator wrote them.
 //! - [`upgrade`]: the driver upgrade policy and state machine: one pure pass
 //!   decides each node's next upgrade state and what to do to it.
 //!
@@ -25,6 +26,7 @@
 //! inputs, so every rule here is testable without a cluster.
 pub mod components;
 pub mod devchar;
+pub mod drift;
 pub mod driver;
 pub mod labels;
 pub mod migconfig;

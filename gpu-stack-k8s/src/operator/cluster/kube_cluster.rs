@@ -14,11 +14,12 @@
 //!   touching no other field and no label we did not name.
 //! - An owned object whose spec someone else changed is applied again on
 //!   the next pass (its change is a trigger), putting the edit back
-//!   ([`SpecVersions`]).
-use std::collections::{BTreeMap, BTreeSet};
+//!   ([`SpecVersions`], decided in the core).
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use gpu_stack_core::operator::drift::SpecVersions;
 use gpu_stack_core::operator::labels::LabelPatch;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Service, ServiceAccount};
@@ -50,60 +51,9 @@ pub struct KubeCluster {
     /// Nodes this pass patched whose change the node watch has not
     /// delivered yet (see `catch_up_with_label_writes`).
     label_writes: NodeWriteFence,
-    /// Owned objects' spec versions around the operator's writes (see
-    /// [`SpecVersions`]).
-    spec_versions: Arc<Mutex<SpecVersions>>,
-}
-
-/// What tells a hand edit of an owned object from the operator's own write:
-/// the object's spec version (see [`spec_version`]) last seen in the cache
-/// before the operator applied it, and the one its apply answered. The
-/// cache shows one of the two until someone else changes the spec; an
-/// object the operator has not written since it started counts as changed,
-/// so a new leader applies everything once (a no-op where nothing differs).
-#[derive(Debug, Default)]
-pub struct SpecVersions {
-    seen: BTreeMap<ObjectKey, String>,
-    written: BTreeMap<ObjectKey, (Option<String>, String)>,
-}
-
-impl SpecVersions {
-    /// The objects among `owned` whose spec moved since the operator's
-    /// last write (or that it never wrote); remembers what it saw.
-    pub fn drifted(&mut self, owned: &[Object]) -> BTreeSet<ObjectKey> {
-        let mut out = BTreeSet::new();
-        self.seen.clear();
-        for obj in owned {
-            let key = obj.key();
-            let Some(now) = spec_version(obj) else {
-                continue;
-            };
-            let ours = self
-                .written
-                .get(&key)
-                .is_some_and(|(before, after)| *after == now || before.as_ref() == Some(&now));
-            if !ours {
-                out.insert(key.clone());
-            }
-            self.seen.insert(key, now);
-        }
-        out
-    }
-
-    /// The operator applied `stored` (the apply's answer).
-    pub fn applied(&mut self, stored: &Object) {
-        let key = stored.key();
-        if let Some(after) = spec_version(stored) {
-            let before = self.seen.get(&key).cloned();
-            self.written.insert(key, (before, after));
-        }
-    }
-
-    /// The operator deleted `key`.
-    pub fn deleted(&mut self, key: &ObjectKey) {
-        self.written.remove(key);
-        self.seen.remove(key);
-    }
+    /// Owned objects' spec versions around the operator's writes, which
+    /// tell a hand edit from the operator's own ([`SpecVersions`]).
+    spec_versions: Arc<Mutex<SpecVersions<ObjectKey>>>,
 }
 
 /// The version that moves when an object's spec moves: a DaemonSet's
@@ -285,8 +235,9 @@ impl Cluster for KubeCluster {
                 .map(Object::DaemonSet),
         };
         let stored = result.map_err(|e| backend(&format!("apply {what}"), e))?;
-        if let Ok(mut versions) = self.spec_versions.lock() {
-            versions.applied(&stored);
+        if let (Ok(mut versions), Some(after)) = (self.spec_versions.lock(), spec_version(&stored))
+        {
+            versions.applied(stored.key(), after);
         }
         Ok(stored)
     }
@@ -294,7 +245,13 @@ impl Cluster for KubeCluster {
     fn drifted(&self, owned: &[Object]) -> BTreeSet<ObjectKey> {
         self.spec_versions
             .lock()
-            .map(|mut versions| versions.drifted(owned))
+            .map(|mut versions| {
+                versions.drifted(
+                    owned
+                        .iter()
+                        .filter_map(|o| Some((o.key(), spec_version(o)?))),
+                )
+            })
             .unwrap_or_default()
     }
 
@@ -535,45 +492,18 @@ mod tests {
         })
     }
 
-    fn keys(set: &BTreeSet<ObjectKey>) -> Vec<String> {
-        set.iter().map(|k| k.name.clone()).collect()
-    }
-
     #[test]
-    fn only_a_spec_changed_by_someone_else_counts_as_drift() {
-        let mut v = SpecVersions::default();
-        // Never written since start: applied once.
-        let cached = [daemonset(3, "100"), config_map("7")];
-        assert_eq!(keys(&v.drifted(&cached)), ["cm", "ds"]);
-        v.applied(&daemonset(3, "101"));
-        v.applied(&config_map("7"));
+    fn a_daemonsets_spec_version_is_its_generation_others_their_resource_version() {
         // Status moves a DaemonSet's resource version, not its generation.
-        assert!(
-            v.drifted(&[daemonset(3, "150"), config_map("7")])
-                .is_empty()
+        assert_eq!(
+            spec_version(&daemonset(3, "100")),
+            spec_version(&daemonset(3, "150"))
         );
-        // The operator changes the spec; the cache still shows the old one.
-        v.applied(&daemonset(4, "151"));
-        assert!(
-            v.drifted(&[daemonset(3, "150"), config_map("7")])
-                .is_empty()
+        assert_ne!(
+            spec_version(&daemonset(3, "100")),
+            spec_version(&daemonset(4, "100"))
         );
-        assert!(
-            v.drifted(&[daemonset(4, "152"), config_map("7")])
-                .is_empty()
-        );
-        // Someone edits both: both drift until the operator writes them.
-        let edited = [daemonset(5, "160"), config_map("9")];
-        assert_eq!(keys(&v.drifted(&edited)), ["cm", "ds"]);
-        v.applied(&daemonset(6, "161"));
-        v.applied(&config_map("10"));
-        assert!(
-            v.drifted(&[daemonset(6, "161"), config_map("10")])
-                .is_empty()
-        );
-        // A deleted object is forgotten: recreated, it is applied again.
-        v.deleted(&config_map("10").key());
-        assert_eq!(keys(&v.drifted(&[config_map("11")])), ["cm"]);
+        assert_eq!(spec_version(&config_map("7")).as_deref(), Some("7"));
     }
 
     fn owner() -> OwnerReference {
