@@ -19,6 +19,7 @@
 //!   device nodes.
 //! - [`platform`]: the Kubernetes releases the operator runs against.
 //! - [`drift`]: which owned objects someone else edited since the operator wrote them.
+//! - [`lease`]: when a replica may trust it still leads, so it may write.
 //! - [`upgrade`]: the driver upgrade policy and state machine: one pure pass
 //!   decides each node's next upgrade state and what to do to it.
 //!
@@ -29,6 +30,7 @@ pub mod devchar;
 pub mod drift;
 pub mod driver;
 pub mod labels;
+pub mod lease;
 pub mod migconfig;
 pub mod migdemand;
 pub mod migusage;

@@ -25,18 +25,18 @@
 //! counted in `gpu_stack_operator_writes_dropped_total`.
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{Method, Request, Response};
 use kube::client::{Body, ClientBuilder};
 use kube::{Client, Config};
 use prometheus_client::metrics::counter::Counter;
-use tokio::time::Instant;
 use tower::util::MapRequestLayer;
 use tower::{BoxError, Layer, Service};
+
+use gpu_stack_core::operator::lease::LeaseTrust;
 
 use crate::api_client::{DeadlineLayer, REQUEST_DEADLINE};
 use crate::operator::metrics::OperatorMetrics;
@@ -88,13 +88,7 @@ struct GateState {
     leases: String,
     /// `<leases>/<name>`.
     lease: String,
-    /// How long a lease write keeps this replica sure of its lead: the
-    /// lease duration less half the renew grace. The renewal goes out a
-    /// whole grace before expiry, so a healthy renewal lands within the
-    /// first half; the second half covers clock skew between replicas.
-    sure_for: Duration,
-    leading: AtomicBool,
-    sure_until: Mutex<Option<Instant>>,
+    trust: Mutex<LeaseTrust>,
     dropped: Counter,
 }
 
@@ -105,8 +99,8 @@ impl WriteGate {
     }
 
     /// Writes go out only while this replica leads through Lease
-    /// `namespace/name` of `duration`, renewed `grace` before it expires;
-    /// refused writes are counted in `dropped`.
+    /// `namespace/name` of `duration`, renewed `grace` before it expires
+    /// ([`LeaseTrust`]); refused writes are counted in `dropped`.
     pub fn for_lease(
         namespace: &str,
         name: &str,
@@ -119,9 +113,7 @@ impl WriteGate {
             state: Some(Arc::new(GateState {
                 lease: format!("{leases}/{name}"),
                 leases,
-                sure_for: duration.saturating_sub(grace / 2),
-                leading: AtomicBool::new(false),
-                sure_until: Mutex::new(None),
+                trust: Mutex::new(LeaseTrust::new(duration, grace)),
                 dropped,
             })),
         }
@@ -129,36 +121,28 @@ impl WriteGate {
 
     /// Records whether the election says this replica leads.
     pub fn set_leading(&self, leading: bool) {
-        if let Some(s) = &self.state {
-            s.leading.store(leading, Ordering::Release);
+        if let Some(s) = &self.state
+            && let Ok(mut trust) = s.trust.lock()
+        {
+            trust.set_leading(leading);
         }
     }
 
-    /// Whether a write to `path` may go out at `now`.
+    /// Whether a write to `path` may go out at `now` (the lease's own always
+    /// does: that is how the lead is won).
     pub fn admits(&self, path: &str, now: Instant) -> bool {
         let Some(s) = &self.state else {
             return true;
         };
-        if s.is_lease(path) {
-            return true;
-        }
-        let sure = s
-            .sure_until
-            .lock()
-            .map(|until| until.is_some_and(|t| now < t))
-            .unwrap_or(false);
-        sure && s.leading.load(Ordering::Acquire)
+        s.is_lease(path) || s.trust.lock().is_ok_and(|t| t.admits_write(now))
     }
 
     /// A lease write sent at `sent_at` succeeded.
     fn renewed(&self, sent_at: Instant) {
         if let Some(s) = &self.state
-            && let Ok(mut until) = s.sure_until.lock()
+            && let Ok(mut trust) = s.trust.lock()
         {
-            let t = sent_at + s.sure_for;
-            if until.is_none_or(|u| u < t) {
-                *until = Some(t);
-            }
+            trust.renewed(sent_at);
         }
     }
 }
@@ -237,6 +221,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/op";
     const NODE: &str = "/api/v1/nodes/n1";
@@ -257,37 +242,23 @@ mod tests {
     }
 
     #[test]
-    fn writes_need_the_lead_and_a_recent_lease_write() {
+    fn only_the_lease_itself_is_written_without_the_lead() {
         let g = gate();
         let t0 = Instant::now();
-        // The lease itself is always written (that is how the lead is won).
+        // The lease is written to win the lead (create, then renewals).
         assert!(g.admits(LEASE, t0));
         assert!(g.admits("/apis/coordination.k8s.io/v1/namespaces/ns/leases", t0));
-        assert!(!g.admits(NODE, t0), "no lease write yet");
-        g.renewed(t0);
-        assert!(
-            !g.admits(NODE, t0),
-            "renewed, but the election has not said so"
-        );
-        g.set_leading(true);
-        // The renewal is due 10 s in (duration less grace): writes go on
-        // while it is in flight.
-        assert!(g.admits(NODE, t0 + Duration::from_secs(12)));
-        // Near the lease's expiry another replica may take it: writes stop
-        // even if the election has not noticed (a renewal hung or failed).
-        assert!(!g.admits(NODE, t0 + Duration::from_millis(12_500)));
-        g.renewed(t0 + Duration::from_secs(10));
-        assert!(g.admits(NODE, t0 + Duration::from_secs(22)));
-        // An older renewal's answer arriving late moves nothing back.
-        g.renewed(t0);
-        assert!(g.admits(NODE, t0 + Duration::from_secs(22)));
-        g.set_leading(false);
-        assert!(!g.admits(NODE, t0 + Duration::from_secs(9)));
+        assert!(!g.admits(NODE, t0));
         // Another lease in the namespace is no exemption.
         assert!(!g.admits(
             "/apis/coordination.k8s.io/v1/namespaces/ns/leases/other",
             t0
         ));
+        // The rule itself (LeaseTrust) is the core's, tested there.
+        g.renewed(t0);
+        g.set_leading(true);
+        assert!(g.admits(NODE, t0 + Duration::from_secs(12)));
+        assert!(!g.admits(NODE, t0 + Duration::from_secs(13)));
     }
 
     #[tokio::test]
@@ -300,7 +271,7 @@ mod tests {
             Duration::from_secs(5),
             dropped.clone(),
         );
-        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let sent = Arc::new(AtomicUsize::new(0));
         let seen = sent.clone();
         let inner = tower::service_fn(move |_req: Request<Body>| {
             seen.fetch_add(1, Ordering::SeqCst);
