@@ -234,15 +234,7 @@ async fn uninstalled_midway(
     selector: &str,
     by_hand: &str,
 ) -> Result<()> {
-    apply_policy(admin, spec("580.65.06")).await?;
-    wait_for("a third upgrade cordoning nodes", LONG, || async {
-        let fleet = fleet_nodes(admin, selector).await?;
-        Ok(fleet
-            .iter()
-            .any(|n| n.name_any() != by_hand && unschedulable(n))
-            .then_some(()))
-    })
-    .await?;
+    bump_until_cordoning(admin, selector, by_hand, "580.65.06").await?;
     let status = tokio::process::Command::new(bin)
         .arg(format!("--kubeconfig={}", cluster.kubeconfig().display()))
         .arg(format!("--namespace={namespace}"))
@@ -253,8 +245,37 @@ async fn uninstalled_midway(
         status.success(),
         "gpu-operator --uninstall exited with {status}"
     );
+    wound_down(admin, selector, by_hand, "after the uninstall").await
+}
+
+/// Bumps the driver to `version` and waits until the flow has cordoned a
+/// node other than `by_hand`.
+async fn bump_until_cordoning(
+    admin: &Client,
+    selector: &str,
+    by_hand: &str,
+    version: &str,
+) -> Result<()> {
+    apply_policy(admin, spec(version)).await?;
     wait_for(
-        "no node marked by the upgrade after the uninstall",
+        &format!("the upgrade to {version} cordoning nodes"),
+        LONG,
+        || async {
+            let fleet = fleet_nodes(admin, selector).await?;
+            Ok(fleet
+                .iter()
+                .any(|n| n.name_any() != by_hand && unschedulable(n))
+                .then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Waits until no node keeps a state label and only `by_hand` is cordoned.
+async fn wound_down(admin: &Client, selector: &str, by_hand: &str, when: &str) -> Result<()> {
+    wait_for(
+        &format!("no node marked by the upgrade {when}"),
         LONG,
         || async {
             let fleet = fleet_nodes(admin, selector).await?;
@@ -345,26 +366,11 @@ async fn abandoned_midway(admin: &Client, selector: &str) -> Result<String> {
             &Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}})),
         )
         .await?;
-    apply_policy(admin, spec("575.51.03")).await?;
-    wait_for("the next upgrade cordoning nodes", LONG, || async {
-        let fleet = fleet_nodes(admin, selector).await?;
-        Ok(fleet
-            .iter()
-            .any(|n| n.name_any() != by_hand && unschedulable(n))
-            .then_some(()))
-    })
-    .await?;
+    bump_until_cordoning(admin, selector, &by_hand, "575.51.03").await?;
     let mut off = spec("575.51.03");
     off["driver"]["upgradePolicy"]["autoUpgrade"] = serde_json::json!(false);
     apply_policy(admin, off).await?;
-    wait_for("the abandoned upgrade wound down", LONG, || async {
-        let fleet = fleet_nodes(admin, selector).await?;
-        Ok(fleet
-            .iter()
-            .all(|n| state_of(n).is_empty() && unschedulable(n) == (n.name_any() == by_hand))
-            .then_some(()))
-    })
-    .await?;
+    wound_down(admin, selector, &by_hand, "once autoUpgrade is off").await?;
     let events = Api::<Event>::all(admin.clone())
         .list(&ListParams::default().fields("reason=DriverUpgradeAbandoned"))
         .await?;
