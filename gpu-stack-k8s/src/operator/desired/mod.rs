@@ -155,17 +155,14 @@ pub enum PolicyDuty {
 pub fn policy_duty(policy: &ClusterPolicy, all: &[ClusterPolicy]) -> PolicyDuty {
     let name = policy.metadata.name.as_deref();
     let others = || all.iter().filter(|p| p.metadata.name.as_deref() != name);
-    let is_oldest =
-        |among: Option<&ClusterPolicy>| among.is_none_or(|o| o.metadata.name.as_deref() == name);
     if !is_deleting(policy) {
-        let live = others().filter(|p| !is_deleting(p)).chain([policy]);
-        return if is_oldest(oldest(live)) {
+        return if oldest_among(policy, others().filter(|p| !is_deleting(p))) {
             PolicyDuty::Reconcile
         } else {
             PolicyDuty::StandBy
         };
     }
-    if !is_oldest(oldest(others().chain([policy]))) {
+    if !oldest_among(policy, others()) {
         return PolicyDuty::StandBy;
     }
     match oldest(others().filter(|p| !is_deleting(p))) {
@@ -174,6 +171,14 @@ pub fn policy_duty(policy: &ClusterPolicy, all: &[ClusterPolicy]) -> PolicyDuty 
         },
         None => PolicyDuty::TearDown,
     }
+}
+
+/// Whether `policy` is older than every one of `rivals`.
+fn oldest_among<'a>(
+    policy: &'a ClusterPolicy,
+    rivals: impl Iterator<Item = &'a ClusterPolicy>,
+) -> bool {
+    oldest(rivals.chain([policy])).is_some_and(|o| o.metadata.name == policy.metadata.name)
 }
 
 /// The oldest policy by creation time, name as tie-breaker; one without a
