@@ -33,21 +33,24 @@ use http::{Method, Request, Response};
 use kube::client::{Body, ClientBuilder};
 use kube::{Client, Config};
 use prometheus_client::metrics::counter::Counter;
-use tower::util::MapRequestLayer;
+use tower::util::{MapRequestLayer, MapResponseLayer};
 use tower::{BoxError, Layer, Service};
 
 use gpu_stack_core::operator::lease::LeaseTrust;
 
+use super::ops::Progress;
 use crate::api_client::{DeadlineLayer, REQUEST_DEADLINE};
 use crate::operator::metrics::OperatorMetrics;
 
 /// Builds a client for `config` whose requests are recorded in `metrics`,
 /// without kube's default retries, with a deadline on each request, and
-/// whose writes pass `gate` (see the module docs).
+/// whose writes pass `gate` (see the module docs). Every answer is recorded
+/// in `progress`, so `/healthz` can say when the API server went silent.
 pub fn counting_client(
     mut config: Config,
     metrics: OperatorMetrics,
     gate: WriteGate,
+    progress: Progress,
 ) -> Result<Client, kube::Error> {
     config.default_retry = false;
     let layer = MapRequestLayer::new(move |req: http::Request<Body>| {
@@ -57,9 +60,21 @@ pub fn counting_client(
     });
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&DeadlineLayer::new(REQUEST_DEADLINE))
+        .with_layer(&records_answers(progress))
         .with_layer(&layer)
         .with_layer(&gate)
         .build())
+}
+
+/// A layer that records each answer (its headers came, whatever the status)
+/// in `progress`.
+fn records_answers<B>(
+    progress: Progress,
+) -> MapResponseLayer<impl Fn(Response<B>) -> Response<B> + Clone> {
+    MapResponseLayer::new(move |response| {
+        progress.api_answered();
+        response
+    })
 }
 
 /// A write refused because this replica may not write now.

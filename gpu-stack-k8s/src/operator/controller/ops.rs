@@ -4,7 +4,10 @@
 //! when its current pass began ([`Progress`]), and `/healthz` fails while a
 //! pass has run longer than [`WEDGED_AFTER`], so the kubelet restarts a
 //! process stuck in a wait that never ends. A loop idle between passes is
-//! healthy. Readiness is set by the binary once the API server answered
+//! healthy. `/healthz` also says how long the API server has been silent
+//! (no answer to any request), without failing for it: a restart does not
+//! bring an API server back, and the loops retry on their own. Readiness is
+//! set by the binary once the API server answered
 //! and, on the leader, the watches have synced; a standby replica is ready
 //! as soon as it is competing for the lease, so a rolling update does not
 //! wait for leadership that cannot come.
@@ -47,12 +50,18 @@ impl Readiness {
 /// that will not come.
 pub const WEDGED_AFTER: Duration = Duration::from_secs(300);
 
-/// When each loop's pass in flight began (see the module docs). Cloned
-/// handles share one state.
+/// How long the API server may be silent before `/healthz` says so.
+pub const SILENT_AFTER: Duration = Duration::from_secs(10);
+
+/// When each loop's pass in flight began, and when the API server last
+/// answered (see the module docs). Cloned handles share one state.
 #[derive(Clone, Debug)]
 pub struct Progress {
     passes: Arc<Mutex<BTreeMap<&'static str, Instant>>>,
     wedged_after: Duration,
+    /// When a request last got an answer (any status), and when this
+    /// process started (the silence counts from there before any answer).
+    last_answer: Arc<Mutex<Instant>>,
 }
 
 impl Default for Progress {
@@ -84,7 +93,22 @@ impl Progress {
         Self {
             passes: Arc::default(),
             wedged_after,
+            last_answer: Arc::new(Mutex::new(Instant::now())),
         }
+    }
+
+    /// Records that the API server answered a request.
+    pub fn api_answered(&self) {
+        if let Ok(mut last) = self.last_answer.lock() {
+            *last = Instant::now();
+        }
+    }
+
+    /// How long the API server has been silent at `now`, when that is
+    /// longer than [`SILENT_AFTER`].
+    pub fn api_silence(&self, now: Instant) -> Option<Duration> {
+        let last = *self.last_answer.lock().ok()?;
+        Some(now.saturating_duration_since(last)).filter(|s| *s > SILENT_AFTER)
     }
 
     /// Marks the start of a pass of loop `name`.
@@ -133,9 +157,18 @@ pub fn router(metrics: OperatorMetrics, readiness: Readiness, progress: Progress
 }
 
 async fn healthz(State(state): State<OpsState>) -> impl IntoResponse {
-    let wedged = state.progress.wedged(Instant::now());
+    let now = Instant::now();
+    let wedged = state.progress.wedged(now);
     if wedged.is_empty() {
-        return (StatusCode::OK, "ok".to_string());
+        let body = match state.progress.api_silence(now) {
+            None => "ok".to_string(),
+            Some(silent) => format!(
+                "ok; the API server has not answered for {}s (each request fails at its \
+                 deadline and the loops retry)",
+                silent.as_secs()
+            ),
+        };
+        return (StatusCode::OK, body);
     }
     let loops: Vec<String> = wedged
         .iter()
@@ -197,6 +230,22 @@ mod tests {
         drop(upgrade);
         let names: Vec<&str> = progress.wedged(later).iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["reconcile"]);
+    }
+
+    #[test]
+    fn the_api_server_counts_as_silent_only_past_the_bound() {
+        let progress = Progress::default();
+        let now = Instant::now();
+        progress.api_answered();
+        assert_eq!(progress.api_silence(now), None);
+        assert_eq!(progress.api_silence(now + SILENT_AFTER / 2), None);
+        let silent = progress
+            .api_silence(now + SILENT_AFTER * 3)
+            .expect("silent past the bound");
+        assert!(silent > SILENT_AFTER * 2, "{silent:?}");
+        // Any answer ends the silence.
+        progress.api_answered();
+        assert_eq!(progress.api_silence(Instant::now()), None);
     }
 
     async fn get(addr: std::net::SocketAddr, path: &str) -> String {

@@ -131,8 +131,9 @@ where
         ),
         None => WriteGate::open(),
     };
-    let client =
-        counting_client(config, metrics.clone(), gate.clone()).map_err(RunError::Client)?;
+    let progress = Progress::default();
+    let client = counting_client(config, metrics.clone(), gate.clone(), progress.clone())
+        .map_err(RunError::Client)?;
     check_platform(&client).await?;
 
     // One watch channel fans the shutdown signal out to every task.
@@ -152,7 +153,6 @@ where
             source,
         })?;
     let readiness = Readiness::default();
-    let progress = Progress::default();
     let server = tokio::spawn(ops::serve(
         listener,
         metrics.clone(),
