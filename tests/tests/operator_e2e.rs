@@ -730,6 +730,22 @@ async fn scenarios(
         "an ignored policy got the finalizer: {:?}",
         copy.finalizers()
     );
+    // The leader's metrics say which policy is in charge.
+    wait_for(
+        "the policies in charge and ignored in the metrics",
+        LONG,
+        || async {
+            let page = metrics_page(standby).await;
+            Ok(
+                (page.contains("gpu_stack_operator_policy_in_charge{policy=\"cluster-policy\"} 1")
+                    && page.contains(
+                        "gpu_stack_operator_policy_in_charge{policy=\"cluster-policy-copy\"} 0",
+                    ))
+                .then_some(()),
+            )
+        },
+    )
+    .await?;
     policies
         .delete("cluster-policy-copy", &DeleteParams::default())
         .await?;

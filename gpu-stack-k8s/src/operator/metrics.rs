@@ -38,6 +38,32 @@ impl ReconciliationStatus {
             Self::OperatorError => -2,
         }
     }
+
+    /// The `status` label of the per-policy reconcile count.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::NotReady => "not-ready",
+            Self::ClusterPolicyUnavailable => "unavailable",
+            Self::OperatorError => "error",
+        }
+    }
+}
+
+/// Labels of `gpu_stack_operator_policy_in_charge`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    /// The ClusterPolicy's name.
+    pub policy: String,
+}
+
+/// Labels of `gpu_stack_operator_policy_reconciliations_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyOutcomeLabels {
+    /// The ClusterPolicy's name.
+    pub policy: String,
+    /// [`ReconciliationStatus::label`] of the outcome.
+    pub status: String,
 }
 
 /// The verb of an API request, as Kubernetes audit logs name it.
@@ -153,6 +179,12 @@ pub struct OperatorMetrics {
     /// this replica was not sure to lead
     /// ([`crate::operator::controller::client::WriteGate`]).
     pub writes_dropped: Counter,
+    /// `gpu_stack_operator_policy_in_charge{policy}`: 1 for the ClusterPolicy
+    /// the operator reconciles, 0 for each one it ignores (NVIDIA's
+    /// `gpu_operator_*` metrics carry no policy and describe that one).
+    pub policy_in_charge: Family<PolicyLabels, Gauge>,
+    /// `gpu_stack_operator_policy_reconciliations_total{policy,status}`.
+    pub policy_reconciliations: Family<PolicyOutcomeLabels, Counter>,
     /// `gpu_operator_nodes_upgrades_in_progress`.
     pub nodes_upgrades_in_progress: Gauge,
     /// `gpu_operator_nodes_upgrades_done`.
@@ -189,6 +221,8 @@ impl OperatorMetrics {
         let objects_unchanged = Counter::default();
         let leader = Gauge::default();
         let writes_dropped = Counter::default();
+        let policy_in_charge = Family::<PolicyLabels, Gauge>::default();
+        let policy_reconciliations = Family::<PolicyOutcomeLabels, Counter>::default();
         let upgrade_gauges: [(Gauge, &str, &str); 6] = [
             (
                 Gauge::default(),
@@ -297,6 +331,16 @@ impl OperatorMetrics {
             "Writes refused because this replica was not sure to hold the leader lease",
             writes_dropped.clone(),
         );
+        registry.register(
+            "gpu_stack_operator_policy_in_charge",
+            "1 for the ClusterPolicy the operator reconciles, 0 for each one it ignores",
+            policy_in_charge.clone(),
+        );
+        registry.register(
+            "gpu_stack_operator_policy_reconciliations",
+            "Reconciles of each ClusterPolicy in charge, by outcome",
+            policy_reconciliations.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             gpu_nodes_total,
@@ -311,6 +355,8 @@ impl OperatorMetrics {
             objects_unchanged,
             leader,
             writes_dropped,
+            policy_in_charge,
+            policy_reconciliations,
             nodes_upgrades_in_progress,
             nodes_upgrades_done,
             nodes_upgrades_failed,
@@ -334,6 +380,28 @@ impl OperatorMetrics {
             }
             ReconciliationStatus::ClusterPolicyUnavailable => {}
         }
+    }
+
+    /// Records a pass over `policy`: `Some(status)` when it is the policy in
+    /// charge (it becomes the only one marked so), `None` when it is ignored.
+    /// A failed pass is recorded as in charge: only that one does work.
+    pub fn record_policy_pass(&self, policy: &str, outcome: Option<ReconciliationStatus>) {
+        let labels = PolicyLabels {
+            policy: policy.to_string(),
+        };
+        let Some(status) = outcome else {
+            self.policy_in_charge.get_or_create(&labels).set(0);
+            return;
+        };
+        // Drops the series of policies deleted since.
+        self.policy_in_charge.clear();
+        self.policy_in_charge.get_or_create(&labels).set(1);
+        self.policy_reconciliations
+            .get_or_create(&PolicyOutcomeLabels {
+                policy: labels.policy,
+                status: status.label().to_string(),
+            })
+            .inc();
     }
 
     /// Counts one API request.
@@ -430,6 +498,29 @@ mod tests {
         assert!(m.encode().contains(
             "gpu_stack_operator_api_requests_total{verb=\"patch\",resource=\"nodes\"} 2"
         ));
+    }
+
+    #[test]
+    fn one_policy_is_in_charge_and_its_outcomes_are_counted() {
+        let m = OperatorMetrics::new();
+        m.record_policy_pass("copy", None);
+        m.record_policy_pass("old", Some(ReconciliationStatus::NotReady));
+        m.record_policy_pass("old", Some(ReconciliationStatus::Success));
+        m.record_policy_pass("copy", None);
+        let text = m.encode();
+        for line in [
+            "gpu_stack_operator_policy_in_charge{policy=\"old\"} 1",
+            "gpu_stack_operator_policy_in_charge{policy=\"copy\"} 0",
+            "gpu_stack_operator_policy_reconciliations_total{policy=\"old\",status=\"success\"} 1",
+            "gpu_stack_operator_policy_reconciliations_total{policy=\"old\",status=\"not-ready\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        // The successor takes charge: the old policy's series goes.
+        m.record_policy_pass("new", Some(ReconciliationStatus::Success));
+        let text = m.encode();
+        assert!(text.contains("gpu_stack_operator_policy_in_charge{policy=\"new\"} 1"));
+        assert!(!text.contains("gpu_stack_operator_policy_in_charge{policy=\"old\""));
     }
 
     #[test]

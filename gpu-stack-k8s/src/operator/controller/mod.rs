@@ -247,6 +247,8 @@ async fn reconcile<P: Pass>(
     if let Ok(mut backoff) = ctx.backoff.lock() {
         backoff.reset();
     }
+    ctx.metrics
+        .record_policy_pass(&name, report.as_ref().map(|r| r.status));
     let Some(report) = report else {
         tracing::debug!(policy = %name, "not in charge; nothing reconciled");
         // The policy in charge runs on every trigger; this one waits for a
@@ -293,6 +295,10 @@ fn error_policy<P: Pass>(
 ) -> Action {
     ctx.metrics
         .record_reconcile(ReconciliationStatus::OperatorError);
+    ctx.metrics.record_policy_pass(
+        &policy.name_any(),
+        Some(ReconciliationStatus::OperatorError),
+    );
     let delay = ctx
         .backoff
         .lock()
