@@ -11,6 +11,7 @@ pub mod binaries;
 pub mod chart;
 pub mod dra;
 pub mod migmanager;
+pub mod partition;
 pub mod upgrade;
 
 use std::collections::BTreeMap;

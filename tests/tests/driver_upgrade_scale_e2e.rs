@@ -11,13 +11,17 @@
 //!   gets the `DriverUpgradeStuck` condition naming the node, its state and
 //!   the pod, and the node a Warning Event; once the budget goes, the node
 //!   finishes and leaves the condition;
-//! - two replicas run; the leader is stopped (SIGSTOP) while nodes are
-//!   mid-upgrade (old driver pods deleted, new ones not yet validated) for
-//!   longer than its lease, the standby takes over, and the old leader
-//!   resumes in the middle of its pass: its writes are refused and it exits
-//!   for the lost lease; then the new leader is SIGKILLed and a replica
-//!   started again: the rollout continues from the node labels, the budget
-//!   holds across both handovers, and no driver pod is restarted twice.
+//! - the API server is stopped (SIGSTOP) for 60 s mid-rollout: the operator
+//!   neither exits nor wedges, its `/healthz` answers 200 and says the API
+//!   server is silent, and it writes again once the server is back;
+//! - a second replica starts; the leader is cut off from the API server (a
+//!   relay that stops forwarding: [`Partition`]) while nodes are
+//!   mid-upgrade (old driver pods deleted, new ones not yet validated) until
+//!   the standby takes over; the old leader keeps running, its writes are
+//!   refused, and it exits for the lost lease once the partition heals; then
+//!   the new leader is SIGKILLed and a replica started again: the rollout
+//!   continues from the node labels, the budget holds across both
+//!   handovers, and no driver pod is restarted twice.
 //!
 //! A watch on the nodes counts the unschedulable and NotReady nodes after
 //! every change, so the budget is checked at every step of the rollout, not
@@ -37,10 +41,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail, ensure};
 use gpu_stack_e2e::binaries::workspace_binary;
 use gpu_stack_e2e::chart::OperatorTestEnv;
+use gpu_stack_e2e::partition::Partition;
 use gpu_stack_e2e::upgrade::{
-    DriverPodWatch, LONG, NodeWatch, OperatorProcess, apply_objects, apply_policy, delete_object,
-    driver_pods, driver_revisions, fleet_nodes, gpu_deployment, pod_disruption_budget, policy,
-    policy_spec, running_pods, state_counts, state_of, unschedulable,
+    DriverPodWatch, LONG, NodeWatch, OperatorProcess, StoppedApiServer, apply_objects,
+    apply_policy, delete_object, driver_pods, driver_revisions, fleet_nodes, gpu_deployment,
+    pod_disruption_budget, policy, policy_spec, running_pods, state_counts, state_of,
+    unschedulable,
 };
 use gpu_stack_e2e::{GpuFleet, KWOK_ANNOTATION, TestCluster, wait_for};
 use gpu_stack_k8s::operator::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
@@ -60,8 +66,12 @@ const BUDGET: usize = NODES.div_ceil(5);
 const BENCH_MAX_UNAVAILABLE: &str = "10%";
 /// `--upgrade-stuck-after-seconds` of the operator under test.
 const STUCK_AFTER_SECONDS: u64 = 10;
-/// Upgraded nodes before the operator is killed.
-const KILL_AFTER_DONE: usize = 30;
+/// Upgraded nodes before the API server is stopped.
+const STALL_AFTER_DONE: usize = 10;
+/// How long the API server is stopped.
+const STALL: Duration = Duration::from_secs(60);
+/// Upgraded nodes before the leader is cut off.
+const CUT_AFTER_DONE: usize = 60;
 const ROLLOUT: Duration = Duration::from_secs(600);
 const OLD_VERSION: &str = "550.54.15";
 const NEW_VERSION: &str = "570.124.06";
@@ -268,8 +278,99 @@ async fn unfinished(
         .collect())
 }
 
+/// Waits until nodes are mid-upgrade: at least `done` upgraded, and some
+/// whose old driver pod is deleted but which are not validated yet.
+/// Returns how many nodes are in each state.
+async fn mid_upgrade(
+    nodes: &NodeWatch,
+    driver: &DriverPodWatch,
+    done: usize,
+) -> Result<BTreeMap<String, usize>> {
+    Ok(wait_for("nodes mid-upgrade", ROLLOUT, || async {
+        let uids = driver.uids();
+        Ok(nodes.with(|r| {
+            let restarted = |n: &str| uids.get(n).is_some_and(|u| u.len() >= 2);
+            let upgraded = r
+                .nodes
+                .iter()
+                .filter(|(n, v)| v.state == DONE && restarted(n))
+                .count();
+            let restarting = r
+                .nodes
+                .iter()
+                .filter(|(n, v)| v.state == "pod-restart-required" && restarted(n))
+                .count();
+            (upgraded >= done && restarting > 0).then(|| {
+                let mut states: BTreeMap<String, usize> = BTreeMap::new();
+                for v in r.nodes.values() {
+                    *states.entry(v.state.clone()).or_default() += 1;
+                }
+                states
+            })
+        }))
+    })
+    .await?)
+}
+
+/// The API server stalls (SIGSTOP) for [`STALL`]: the operator neither
+/// exits nor wedges (its `/healthz` answers 200 throughout, every call it
+/// had in flight fails at its deadline, and the page says the API server
+/// is silent), and it writes again once the server is back.
+async fn api_server_stall(cluster: &TestCluster, operator: &mut OperatorProcess) -> Result<()> {
+    let stalled = StoppedApiServer::stop(cluster.kubeconfig())?;
+    let until = Instant::now() + STALL;
+    let (mut samples, mut healthy, mut silent) = (0, 0, 0);
+    while Instant::now() < until {
+        samples += 1;
+        let page = operator.page("/healthz").await;
+        if page.starts_with("HTTP/1.1 200") {
+            healthy += 1;
+        }
+        if page.contains("the API server has not answered") {
+            silent += 1;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let running = operator.is_running();
+    let writes = || async {
+        operator
+            .metric("gpu_stack_operator_api_writes_total")
+            .await
+            .unwrap_or(0.0)
+    };
+    let before = writes().await;
+    drop(stalled);
+    let resumed = Instant::now();
+    ensure!(
+        running,
+        "the operator exited while the API server was stopped"
+    );
+    ensure!(
+        healthy == samples,
+        "/healthz failed {} of {samples} times while the API server was stopped",
+        samples - healthy
+    );
+    ensure!(
+        silent > 0,
+        "/healthz never said the API server was silent in {samples} samples"
+    );
+    wait_for("the operator writing again", LONG, || async {
+        Ok((writes().await > before).then_some(()))
+    })
+    .await?;
+    eprintln!(
+        "API server stopped {} s mid-rollout: /healthz answered 200 in {healthy} of {samples} \
+         samples ({silent} of them saying the API server was silent); the operator wrote again \
+         {:.1} s after it resumed",
+        STALL.as_secs(),
+        resumed.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_200_node_rollout_survives_a_dead_node_a_stuck_pod_and_an_operator_kill() -> Result<()> {
+async fn a_200_node_rollout_survives_a_dead_node_a_stuck_pod_a_stall_a_partition_and_a_kill()
+-> Result<()> {
     let s = Setup::new("upgs").await?;
     let result = scale_rollout(&s).await;
     s.teardown(result).await
@@ -286,22 +387,17 @@ async fn scale_rollout(s: &Setup) -> Result<()> {
     let stuck_node = s.node(0);
     let dead_node = s.node(1);
     let stuck_after = format!("--upgrade-stuck-after-seconds={STUCK_AFTER_SECONDS}");
+    // The first leader reaches the API server through a relay the test can
+    // cut (a network partition).
+    let (relay, relayed_kubeconfig) = Partition::start(&s.kubeconfig, &s.tmp)?;
     let mut operator = OperatorProcess::start(
         &bin,
-        &s.kubeconfig,
+        &relayed_kubeconfig,
         &s.namespace,
         "upgrade-scale-e2e",
         std::slice::from_ref(&stuck_after),
     )?;
     operator.wait_leading().await?;
-    // A second replica waits for the lease.
-    let mut standby = OperatorProcess::start(
-        &bin,
-        &s.kubeconfig,
-        &s.namespace,
-        "upgrade-scale-e2e-standby",
-        std::slice::from_ref(&stuck_after),
-    )?;
     install(s, NODES, MAX_UNAVAILABLE).await?;
     stop_node(admin, &dead_node).await?;
 
@@ -356,48 +452,53 @@ async fn scale_rollout(s: &Setup) -> Result<()> {
     let started = Instant::now();
     bump(s, MAX_UNAVAILABLE).await?;
 
-    // Kill -9 while nodes are mid-upgrade: some upgraded, and some whose old
-    // driver pod is already deleted but which are not validated yet.
-    let at_kill = wait_for("nodes mid-upgrade", ROLLOUT, || async {
-        let uids = driver.uids();
-        Ok(nodes.with(|r| {
-            let restarted = |n: &str| uids.get(n).is_some_and(|u| u.len() >= 2);
-            let done = r
-                .nodes
-                .iter()
-                .filter(|(n, v)| v.state == DONE && restarted(n))
-                .count();
-            let restarting = r
-                .nodes
-                .iter()
-                .filter(|(n, v)| v.state == "pod-restart-required" && restarted(n))
-                .count();
-            (done >= KILL_AFTER_DONE && restarting > 0).then(|| {
-                let mut states: BTreeMap<String, usize> = BTreeMap::new();
-                for v in r.nodes.values() {
-                    *states.entry(v.state.clone()).or_default() += 1;
-                }
-                states
-            })
-        }))
+    // The API server stops in the middle of the rollout.
+    let at_stall = mid_upgrade(&nodes, &driver, STALL_AFTER_DONE).await?;
+    eprintln!("stopping the API server with nodes in {at_stall:?}");
+    api_server_stall(&s.cluster, &mut operator).await?;
+
+    // A second replica waits for the lease.
+    let mut standby = OperatorProcess::start(
+        &bin,
+        &s.kubeconfig,
+        &s.namespace,
+        "upgrade-scale-e2e-standby",
+        std::slice::from_ref(&stuck_after),
+    )?;
+    wait_for("the standby competing for the lease", LONG, || async {
+        Ok(standby
+            .page("/readyz")
+            .await
+            .starts_with("HTTP/1.1 200")
+            .then_some(()))
     })
     .await?;
-    // The leader is cut off mid-upgrade (SIGSTOP) for longer than its
-    // lease: the standby takes over; then the old leader resumes in the
-    // middle of its pass. Its writes are refused (it cannot be sure it
-    // leads) and it steps down: the budget holds across the handover.
-    operator.signal("STOP")?;
-    let paused = Instant::now();
+    // The leader is cut off from the API server while nodes are
+    // mid-upgrade (some upgraded, some whose old driver pod is deleted and
+    // the new one not validated yet) until the standby takes over. It keeps
+    // running through the partition: once it cannot be sure it leads, its
+    // writes are refused; when the partition heals it finds the lease taken
+    // and exits. The budget holds across the handover.
+    let at_cut = mid_upgrade(&nodes, &driver, CUT_AFTER_DONE).await?;
+    relay.cut();
+    let cut = Instant::now();
     standby.wait_leading().await?;
-    eprintln!(
-        "leader stopped with nodes in {at_kill:?}; the standby took over after {:.1} s",
-        paused.elapsed().as_secs_f64()
-    );
-    operator.signal("CONT")?;
+    let took_over = cut.elapsed();
+    // Read while cut off (the endpoint is local); gone if it already exited.
+    let dropped = operator
+        .metric("gpu_stack_operator_writes_dropped_total")
+        .await;
+    relay.heal();
     let status = operator.exited(LONG).await?;
     ensure!(
         !status.success(),
         "the old leader should exit for the lost lease, not cleanly: {status}"
+    );
+    eprintln!(
+        "leader partitioned with nodes in {at_cut:?}; the standby took over after {:.1} s; \
+         the old leader refused {} writes while cut off and exited ({status}) after the heal",
+        took_over.as_secs_f64(),
+        dropped.map_or("(it had exited)".to_string(), |d| d.to_string()),
     );
     // Then the new leader is SIGKILLed and a replica started again.
     standby.kill();
@@ -525,9 +626,11 @@ async fn scale_rollout(s: &Setup) -> Result<()> {
         )
     });
     eprintln!(
-        "driver upgrade of {NODES} nodes (one NotReady, one held by a PodDisruptionBudget, leader stopped past its lease once and killed once): \
+        "driver upgrade of {NODES} nodes (one NotReady, one held by a PodDisruptionBudget, the API server stopped {} s, \
+         the leader partitioned past its lease once and killed once): \
          {} nodes done in {:.1} s, the held one {:.1} s; peak unavailable {peak_unavailable} \
          (cordoned {peak_cordoned}, budget {BUDGET}); the NotReady node went through {dead_states:?}",
+        STALL.as_secs(),
         NODES - 2,
         rest_took.as_secs_f64(),
         took.as_secs_f64(),
