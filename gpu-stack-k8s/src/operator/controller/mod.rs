@@ -17,6 +17,7 @@
 //! ready asks to be requeued after a short delay, and any other successful
 //! pass runs again after [`RESYNC_PERIOD`] (it writes only what differs).
 pub mod client;
+pub mod control_loop;
 pub mod events;
 pub mod node_writes;
 pub mod operand_pods;

@@ -47,6 +47,7 @@ use kube::{Client, ResourceExt};
 
 use super::{DemandSettings, MAX_DEMAND_LIST, MigConfig, MigDemandNode, MigDemandStatus};
 use crate::clock::unix_seconds;
+use crate::operator::controller::control_loop::{Batching, LoopPass, run_loop};
 use crate::operator::controller::ops::Progress;
 
 /// Field manager of `status.demand`.
@@ -416,6 +417,99 @@ impl PendingWatch {
     }
 }
 
+/// What the loop's pass sees of the pending-pod watch.
+#[derive(Clone)]
+struct PendingView {
+    store: Store<Pod>,
+    listed: bool,
+}
+
+/// The demand loop's triggers: MigConfig changes and pending-pod events.
+/// It starts and stops the pending-pod watch as the MigConfigs ask
+/// ([`wants_pending_pods`]) and shows the pass what the watch holds.
+struct DemandTriggers {
+    client: Client,
+    mig_configs: Store<MigConfig>,
+    mig_changes: BoxStream<'static, ()>,
+    pending: Option<PendingWatch>,
+    shown: Arc<std::sync::Mutex<Option<PendingView>>>,
+}
+
+impl DemandTriggers {
+    /// Waits for the next trigger; `None` once the MigConfig watch ends.
+    async fn next(&mut self) -> Option<()> {
+        let Self {
+            client,
+            mig_configs,
+            mig_changes,
+            pending,
+            shown,
+        } = self;
+        let pod_event = async {
+            match pending.as_mut() {
+                Some(w) => w.events.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            t = mig_changes.next() => {
+                t?;
+                let wanted = wants_pending_pods(mig_configs.state().iter().map(|m| &**m));
+                match (wanted, pending.is_some()) {
+                    (true, false) => *pending = Some(PendingWatch::start(client)),
+                    (false, true) => *pending = None,
+                    _ => {}
+                }
+            }
+            e = pod_event => match e {
+                Some(init_done) => {
+                    if let Some(w) = pending.as_mut() {
+                        w.listed |= init_done;
+                    }
+                }
+                // A watch with backoff does not end; if it did, a new one
+                // lists again rather than stopping the controller.
+                None => *pending = Some(PendingWatch::start(client)),
+            },
+        }
+        if let Ok(mut view) = shown.lock() {
+            *view = pending.as_ref().map(|w| PendingView {
+                store: w.store.clone(),
+                listed: w.listed,
+            });
+        }
+        Some(())
+    }
+}
+
+/// The demand loop's pass ([`run_loop`]).
+struct DemandPass {
+    controller: DemandController,
+    pending: Arc<std::sync::Mutex<Option<PendingView>>>,
+}
+
+impl LoopPass for DemandPass {
+    type Error = DemandError;
+
+    async fn run(&mut self) -> Result<Duration, DemandError> {
+        // Without the watch there is no demand-mode MigConfig, so nothing
+        // to decide; before its first list, wait for it.
+        let view = self.pending.lock().ok().and_then(|v| v.clone());
+        if let Some(v) = view.filter(|v| v.listed) {
+            self.controller.decide_all(&v.store.state()).await?;
+        }
+        Ok(RESYNC)
+    }
+
+    fn batching(&self) -> Batching {
+        let window = batch_window(&self.controller.mig_configs);
+        Batching {
+            quiet: window,
+            at_most: window * 4,
+        }
+    }
+}
+
 /// Runs the demand controller until `shutdown` resolves.
 pub async fn run_demand(
     client: Client,
@@ -423,7 +517,7 @@ pub async fn run_demand(
     shutdown: impl Future<Output = ()> + Send,
 ) {
     let (mig_configs, mig_writer) = reflector::store();
-    let mut mig_changes = watcher(
+    let mig_changes = watcher(
         Api::<MigConfig>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -431,78 +525,25 @@ pub async fn run_demand(
     .reflect(mig_writer)
     .map(|_| ())
     .boxed();
-    let controller = DemandController {
-        client,
-        mig_configs,
+    let shown = Arc::new(std::sync::Mutex::new(None));
+    let triggers = DemandTriggers {
+        client: client.clone(),
+        mig_configs: mig_configs.clone(),
+        mig_changes,
+        pending: None,
+        shown: shown.clone(),
     };
-    let mut pending: Option<PendingWatch> = None;
-    let mut resync = tokio::time::interval(RESYNC);
-    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut deadline: Option<tokio::time::Instant> = None;
-    let mut burst: Option<tokio::time::Instant> = None;
-    tokio::pin!(shutdown);
-    loop {
-        let due = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now));
-        let pod_event = async {
-            match pending.as_mut() {
-                Some(w) => w.events.next().await,
-                None => std::future::pending().await,
-            }
-        };
-        let triggered = tokio::select! {
-            () = &mut shutdown => break,
-            t = mig_changes.next() => {
-                if t.is_none() {
-                    break;
-                }
-                let wanted = wants_pending_pods(controller.mig_configs.state().iter().map(|m| &**m));
-                match (wanted, pending.is_some()) {
-                    (true, false) => pending = Some(PendingWatch::start(&controller.client)),
-                    (false, true) => pending = None,
-                    _ => {}
-                }
-                true
-            }
-            e = pod_event => {
-                match e {
-                    Some(init_done) => {
-                        if let Some(w) = pending.as_mut() {
-                            w.listed |= init_done;
-                        }
-                    }
-                    // A watch with backoff does not end; if it did, a new
-                    // one lists again rather than stopping the controller.
-                    None => pending = Some(PendingWatch::start(&controller.client)),
-                }
-                true
-            }
-            _ = resync.tick() => {
-                deadline.get_or_insert_with(tokio::time::Instant::now);
-                false
-            }
-            () = due, if deadline.is_some() => {
-                deadline = None;
-                burst = None;
-                // Without the watch there is no demand-mode MigConfig, so
-                // nothing to decide; before its first list, wait for it.
-                if let Some(w) = pending.as_ref().filter(|w| w.listed) {
-                    let _in_flight = progress.begin("mig-demand");
-                    if let Err(e) = controller.decide_all(&w.store.state()).await {
-                        tracing::warn!(error = %e, "demand decision failed");
-                    }
-                }
-                false
-            }
-        };
-        if triggered {
-            // A quiet period: each trigger moves the decision to one
-            // window after it, at most four windows after the first.
-            let now = tokio::time::Instant::now();
-            let window = batch_window(&controller.mig_configs);
-            let first = *burst.get_or_insert(now);
-            deadline = Some((now + window).min(first + window * 4));
-        }
-    }
+    let triggers = futures::stream::unfold(triggers, |mut t| async move {
+        t.next().await.map(|trigger| (trigger, t))
+    });
+    let pass = DemandPass {
+        controller: DemandController {
+            client,
+            mig_configs,
+        },
+        pending: shown,
+    };
+    run_loop("mig-demand", pass, triggers, progress, shutdown).await;
 }
 
 #[cfg(test)]

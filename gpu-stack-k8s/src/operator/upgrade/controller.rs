@@ -5,7 +5,6 @@
 //! API server are the pods of the few nodes whose step looks at them.
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::BoxStream;
@@ -21,7 +20,6 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tokio::sync::Notify;
 
 use super::apply::{NodeWork, node_work, wind_down_patch};
 use super::observe::{
@@ -31,6 +29,7 @@ use super::watches::UpgradeStores;
 use super::{FIELD_MANAGER, UpgradeError, upgrade_status};
 use crate::clock::unix_seconds;
 use crate::operator::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
+use crate::operator::controller::control_loop::{Batching, LoopPass, run_loop};
 use crate::operator::controller::events::{Announced, Decision, EventPublisher, Severity};
 use crate::operator::controller::node_writes::NodeWriteFence;
 use crate::operator::controller::ops::Progress;
@@ -47,7 +46,7 @@ pub const BUSY_INTERVAL: Duration = Duration::from_secs(5);
 /// The next pass after one that changed something: the flow moves each node
 /// one state per pass, so the next step is usually ready at once.
 pub const CHANGED_INTERVAL: Duration = Duration::from_secs(1);
-/// Quiet period after a trigger.
+/// How long a trigger waits for its pass (the burst it starts is one pass).
 pub const DEBOUNCE: Duration = Duration::from_millis(300);
 /// Nodes written at once.
 pub const WRITE_CONCURRENCY: usize = 8;
@@ -559,63 +558,44 @@ struct NodeOutcome {
     deleted: usize,
 }
 
+/// One pass of the upgrade loop ([`run_loop`]): the flow's pass, logged
+/// when it changed something; the next one as [`PassSummary::next_in`] says.
+impl LoopPass for UpgradeController {
+    type Error = UpgradeError;
+
+    async fn run(&mut self) -> Result<Duration, UpgradeError> {
+        let started = std::time::Instant::now();
+        let s = self.pass().await?;
+        if s.patched + s.evicted + s.driver_pods_deleted + s.eviction_blocked > 0 {
+            tracing::info!(
+                nodes = s.nodes,
+                patched = s.patched,
+                evicted = s.evicted,
+                eviction_blocked = s.eviction_blocked,
+                driver_pods_deleted = s.driver_pods_deleted,
+                reads = s.reads,
+                took_ms = started.elapsed().as_millis() as u64,
+                "driver upgrade pass"
+            );
+        }
+        Ok(s.next_in())
+    }
+
+    fn batching(&self) -> Batching {
+        Batching {
+            quiet: DEBOUNCE,
+            at_most: DEBOUNCE,
+        }
+    }
+}
+
 /// Runs the upgrade loop until `shutdown` resolves; `triggers` is the
 /// stream [`UpgradeStores::start`] returned with the controller's stores.
-/// Failed passes are logged and retried after [`BUSY_INTERVAL`].
 pub async fn run_upgrades(
-    mut controller: UpgradeController,
-    mut triggers: BoxStream<'static, ()>,
+    controller: UpgradeController,
+    triggers: BoxStream<'static, ()>,
     progress: Progress,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    // The watches feed the stores only while their stream is polled, and a
-    // pass waits for them: a task of its own polls it, whatever the loop
-    // does, and wakes the loop (one stored wake-up gathers a burst).
-    let wake = Arc::new(Notify::new());
-    let feeder = tokio::spawn({
-        let wake = wake.clone();
-        async move {
-            while triggers.next().await.is_some() {
-                wake.notify_one();
-            }
-        }
-    });
-    tokio::pin!(shutdown);
-    let mut next = Duration::ZERO;
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            () = wake.notified() => {
-                // Gather the burst.
-                tokio::time::sleep(DEBOUNCE).await;
-            }
-            () = tokio::time::sleep(next) => {}
-        }
-        let started = std::time::Instant::now();
-        let in_flight = progress.begin("driver-upgrade");
-        let outcome = controller.pass().await;
-        drop(in_flight);
-        next = match outcome {
-            Ok(s) => {
-                if s.patched + s.evicted + s.driver_pods_deleted + s.eviction_blocked > 0 {
-                    tracing::info!(
-                        nodes = s.nodes,
-                        patched = s.patched,
-                        evicted = s.evicted,
-                        eviction_blocked = s.eviction_blocked,
-                        driver_pods_deleted = s.driver_pods_deleted,
-                        reads = s.reads,
-                        took_ms = started.elapsed().as_millis() as u64,
-                        "driver upgrade pass"
-                    );
-                }
-                s.next_in()
-            }
-            Err(error) => {
-                tracing::warn!(%error, "driver upgrade pass failed; retrying");
-                BUSY_INTERVAL
-            }
-        };
-    }
-    feeder.abort();
+    run_loop("driver-upgrade", controller, triggers, progress, shutdown).await;
 }
