@@ -229,7 +229,8 @@ struct Running {
 }
 
 /// How long a component may take to stop before the supervisor leaves it
-/// behind on its thread.
+/// behind on its thread. The supervisor never waits for a stop: it goes on
+/// with the other components and checks on it each tick.
 const STOP_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Poll interval of a gate that waits for status files (NVIDIA's `sleep 5`).
@@ -379,11 +380,21 @@ fn set_ready_file(path: &Path, is_ready: bool) {
     }
 }
 
+/// A component told to stop that has not finished yet.
+struct Stopping {
+    task: JoinHandle<Result<(), String>>,
+    since: tokio::time::Instant,
+    why: &'static str,
+}
+
 /// One hosted component's state in the supervisor.
 struct Slot {
     component: Component,
     args: Vec<String>,
     running: Option<Running>,
+    /// The previous run, still stopping: no new one starts before it is
+    /// gone (it may still hold the socket or port) or left behind.
+    stopping: Option<Stopping>,
     backoff: Duration,
     retry_at: Option<tokio::time::Instant>,
 }
@@ -402,6 +413,7 @@ pub async fn supervise(args: Args) -> Result<(), Failure> {
             component,
             args,
             running: None,
+            stopping: None,
             backoff: FIRST_BACKOFF,
             retry_at: None,
         })
@@ -476,9 +488,10 @@ pub async fn supervise(args: Args) -> Result<(), Failure> {
             set_ready_file(&args.ready_file, now_ready);
             was_ready = now_ready;
         }
+        // A component still stopping still holds its GPUs.
         let running: BTreeSet<&'static str> = slots
             .iter()
-            .filter(|s| s.running.is_some())
+            .filter(|s| s.running.is_some() || s.stopping.is_some())
             .map(|s| s.component.app_label())
             .collect();
         clients_tx.send_if_modified(|current| {
@@ -488,27 +501,54 @@ pub async fn supervise(args: Args) -> Result<(), Failure> {
         });
     }
     set_ready_file(&args.ready_file, false);
-    // Every component winds down at once; each is then awaited (bounded).
-    for r in slots.iter().filter_map(|s| s.running.as_ref()) {
-        let _ = r.stop.send(true);
-    }
+    // Every component winds down at once; the supervisor waits until each
+    // has stopped or been left behind (at most STOP_DEADLINE).
     for slot in &mut slots {
         reconcile(slot, false, "shutting down", gates.as_ref(), &clients_rx).await;
+    }
+    while slots.iter().any(|s| s.stopping.is_some()) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for slot in &mut slots {
+            reconcile(slot, false, "shutting down", gates.as_ref(), &clients_rx).await;
+        }
     }
     tracing::info!("node agent stopped");
     Ok(())
 }
 
 /// Brings one component to `want`: starts it (unless backing off after a
-/// failure), or stops it (saying `why`) and waits until it has.
+/// failure, or its previous run is still stopping), or tells it to stop
+/// (saying `why`). Never waits for a component: a stop in progress is
+/// checked on the next call, and left behind after [`STOP_DEADLINE`].
 async fn reconcile(
     slot: &mut Slot,
     want: bool,
-    why: &str,
+    why: &'static str,
     gates: Option<&validator::Args>,
     local_clients: &watch::Receiver<BTreeSet<&'static str>>,
 ) {
     let name = slot.component.deploy_label_suffix();
+    if let Some(stopping) = slot.stopping.take() {
+        if stopping.task.is_finished() {
+            match stopping.task.await {
+                Ok(Err(err)) => tracing::warn!(component = name, "stopped with: {err}"),
+                Err(err) => tracing::warn!(component = name, %err, "stopped abnormally"),
+                Ok(Ok(())) => {}
+            }
+            tracing::info!(component = name, "{}: stopped", stopping.why);
+        } else if stopping.since.elapsed() > STOP_DEADLINE {
+            // Left to finish on its own thread; the supervisor and the
+            // other components go on.
+            tracing::error!(
+                component = name,
+                secs = STOP_DEADLINE.as_secs(),
+                "did not stop in time (stuck in a call?); left behind"
+            );
+        } else {
+            slot.stopping = Some(stopping);
+            return;
+        }
+    }
     if let Some(r) = &slot.running
         && r.task.is_finished()
     {
@@ -551,19 +591,11 @@ async fn reconcile(
         (Some(_), false) => {
             if let Some(r) = slot.running.take() {
                 let _ = r.stop.send(true);
-                match tokio::time::timeout(STOP_DEADLINE, r.task).await {
-                    Ok(Ok(Err(err))) => tracing::warn!(component = name, "stopped with: {err}"),
-                    Ok(Err(err)) => tracing::warn!(component = name, %err, "stopped abnormally"),
-                    Ok(Ok(Ok(()))) => {}
-                    // Left to finish on its own thread; the supervisor and
-                    // the other components go on.
-                    Err(_) => tracing::error!(
-                        component = name,
-                        secs = STOP_DEADLINE.as_secs(),
-                        "did not stop in time (stuck in a call?); left behind"
-                    ),
-                }
-                tracing::info!(component = name, "{why}: stopped");
+                slot.stopping = Some(Stopping {
+                    task: r.task,
+                    since: tokio::time::Instant::now(),
+                    why,
+                });
             }
             // A component stopped on purpose starts again without delay.
             slot.retry_at = None;
