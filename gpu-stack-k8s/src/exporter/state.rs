@@ -47,6 +47,10 @@ struct GpuSlot {
     at: Instant,
 }
 
+/// The most GPUs one exporter samples (a bound on what a backend's device
+/// count may make it allocate; the largest systems have 16).
+pub const MAX_GPUS: u32 = 256;
+
 /// Rounds a GPU's samples outlive their interval before they count as
 /// stale: a sampler stuck in a call that never returns (a hung GPU) would
 /// otherwise leave its last values on show as if they were current.
@@ -120,24 +124,30 @@ impl Exporter {
         backend: Arc<dyn GpuBackend>,
         mut config: ExporterConfig,
     ) -> Result<Self, ExporterError> {
-        let inventory = backend
-            .inventory()
-            .map_err(|reason| ExporterError::Inventory {
-                backend: backend.name().to_string(),
-                reason,
-            })?;
+        // Only the system and the GPU count are read here: each GPU is read
+        // by its own sampler thread, so a GPU that hangs (a call that never
+        // returns) holds up only its own series, even at start.
+        let inventory_error = |reason| ExporterError::Inventory {
+            backend: backend.name().to_string(),
+            reason,
+        };
+        let system = backend.system_info().map_err(inventory_error)?;
+        let count = backend.device_count().map_err(inventory_error)?;
+        if count > MAX_GPUS {
+            tracing::warn!(
+                count,
+                max = MAX_GPUS,
+                "more GPUs than the exporter samples; the rest are left out"
+            );
+        }
         if config.render.driver_version.is_none() {
-            config.render.driver_version = Some(inventory.system.driver_version.clone());
+            config.render.driver_version = Some(system.driver_version.clone());
         }
         if config.render.nvml_version.is_none() {
-            config.render.nvml_version = Some(inventory.system.nvml_version.clone());
+            config.render.nvml_version = Some(system.nvml_version);
         }
         let metrics = SelfMetrics::new();
-        for e in &inventory.errors {
-            tracing::warn!(gpu = e.index, error = %e.error, "GPU left out of the inventory");
-            metrics.nvml_error("gpu_info");
-        }
-        let indexes: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
+        let indexes: Vec<u32> = (0..count.min(MAX_GPUS)).collect();
         let max_index = indexes.iter().copied().max().map_or(0, |m| m as usize + 1);
         let shared = Arc::new(Shared {
             slots: (0..max_index).map(|_| Mutex::new(None)).collect(),
