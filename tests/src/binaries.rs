@@ -125,6 +125,11 @@ impl AgentProcess {
 
     /// SIGTERM, then wait (bounded) for a clean exit.
     pub fn terminate(&mut self) -> Result<ExitStatus, StopError> {
+        self.terminate_within(Duration::from_secs(10))
+    }
+
+    /// SIGTERM, then waits at most `within` for the exit.
+    pub fn terminate_within(&mut self, within: Duration) -> Result<ExitStatus, StopError> {
         let pid = self.child.id();
         let signal_error = |message: String| StopError::Signal {
             name: self.name.clone(),
@@ -138,7 +143,8 @@ impl AgentProcess {
         if !status.success() {
             return Err(signal_error(format!("kill -TERM failed: {status}")));
         }
-        for _ in 0..200 {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
             match self.child.try_wait() {
                 Ok(Some(status)) => return Ok(status),
                 Ok(None) => {}

@@ -7,6 +7,8 @@
 //! hosted, the agent runs the gates itself: nothing starts before the
 //! validator's checks have written the status files it waits for, and the
 //! agent is ready exactly while every component that should run is up.
+//! With one GPU hung, the exporter drops only that GPU's series and the
+//! supervisor goes on around the components stuck on it.
 use std::collections::BTreeMap;
 use std::net::TcpStream;
 use std::path::Path;
@@ -94,6 +96,8 @@ fn start_node_agent(
         "--listen".into(),
         format!("127.0.0.1:{port}"),
         "--no-pod-attribution".into(),
+        "--collect-interval".into(),
+        "1000".into(),
     ]);
     backend(&mut args);
     args.extend([
@@ -186,6 +190,127 @@ async fn node_agent_runs_each_component_while_its_deploy_label_is_true() -> Resu
         agent.log_tail()
     );
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// GPU 1 of the node hangs [`HANG_AFTER_MS`] after the simulation starts:
+/// every call on it then takes an hour, as on a GPU whose driver stopped
+/// answering.
+const HANG_AFTER_MS: u64 = 4_000;
+
+/// A hung GPU under the agent: the exporter keeps serving, GPU 1's series
+/// go stale and are dropped while GPU 0's stay; components stuck in a call
+/// on the hung GPU never hold up the supervisor: a label change for another
+/// component is carried out while they are still stopping, each stuck one
+/// is left behind after the stop deadline, and SIGTERM ends the process
+/// within that deadline.
+#[tokio::test]
+async fn a_hung_gpu_stalls_only_its_own_series_and_never_the_supervisor() -> Result<()> {
+    let cluster = TestCluster::attach().await?;
+    let client = cluster.client();
+    let fleet = GpuFleet::new(format!("hung-{}", unique_suffix()), 1)
+        .with_gpus(2)
+        .with_label(DEPLOY_DP, "true")
+        .with_label(DEPLOY_GFD, "true")
+        .with_label(DEPLOY_EXPORTER, "true");
+    let names = cluster.create_gpu_nodes(&fleet).await?;
+    let node = names[0].clone();
+    let dir = std::env::temp_dir().join(format!("gpu-stack-node-agent-{}", unique_suffix()));
+    let hang = format!(
+        "    faults:\n      - gpu: 1\n        at-ms: {HANG_AFTER_MS}\n        \
+         fault: {{type: slow-calls, calls: all, delay-ms: 3600000}}\n"
+    );
+    let files = write_mig_files(&dir, &node, 2, &hang)?;
+    let port = free_port()?;
+    let mut agent = start_node_agent(&cluster, &node, &files, port)?;
+    let outcome = hung_gpu_scenario(&client, &node, port, &agent).await;
+    // Within the stop deadline (30 s) and a margin, though components are
+    // stuck in calls on the hung GPU.
+    let stopped = agent.terminate_within(Duration::from_secs(45));
+    cluster.delete_nodes(&names).await?;
+    if let Err(err) = outcome {
+        return Err(err.context(format!("--- node agent log ---\n{}", agent.log_tail())));
+    }
+    ensure!(
+        stopped?.success(),
+        "the node agent did not exit cleanly on SIGTERM:\n{}",
+        agent.log_tail()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The exporter's page (empty if it cannot be read).
+fn exporter_page(port: u16) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(500),
+    ) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// Whether the page holds a temperature series of GPU `gpu`.
+fn has_gpu_series(page: &str, gpu: u32) -> bool {
+    page.lines()
+        .any(|l| l.starts_with("DCGM_FI_DEV_GPU_TEMP{") && l.contains(&format!("gpu=\"{gpu}\"")))
+}
+
+async fn hung_gpu_scenario(
+    client: &Client,
+    node: &str,
+    port: u16,
+    agent: &AgentProcess,
+) -> Result<()> {
+    wait_true("both GPUs' series", || {
+        let page = exporter_page(port);
+        has_gpu_series(&page, 0) && has_gpu_series(&page, 1)
+    })
+    .await?;
+    // GPU 1 hangs: its series go stale and are dropped; GPU 0's stay.
+    wait_true("GPU 1's series dropped, GPU 0's served", || {
+        let page = exporter_page(port);
+        has_gpu_series(&page, 0) && !has_gpu_series(&page, 1)
+    })
+    .await?;
+    // GFD reads every GPU each pass, so it is stuck in a call on GPU 1 by
+    // now. It is told to stop, and then the exporter: the exporter stops
+    // while GFD is still stopping.
+    label_node(client, node, DEPLOY_GFD, "false").await?;
+    label_node(client, node, DEPLOY_EXPORTER, "false").await?;
+    wait_true("the exporter's port to close", || !exporter_up(port)).await?;
+    wait_true("GFD left behind", || {
+        log_lines(agent.log_path())
+            .iter()
+            .any(|l| l.contains("left behind") && l.contains("\"gpu-feature-discovery\""))
+    })
+    .await?;
+    let lines = log_lines(agent.log_path());
+    let find = |component: &str, what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(what) && l.contains(&format!("\"{component}\"")))
+    };
+    let exporter_stopped = find("dcgm-exporter", "deploy label is not true: stopped")
+        .context("the exporter's stop is not in the log")?;
+    let gfd_left = find("gpu-feature-discovery", "left behind").context("no GFD line")?;
+    ensure!(
+        exporter_stopped < gfd_left,
+        "the exporter was stopped only after GFD was given up: the supervisor waited on GFD"
+    );
+    // The supervisor still follows the labels: the exporter comes back
+    // (serving GPU 0) though GFD's thread is still stuck.
+    label_node(client, node, DEPLOY_EXPORTER, "true").await?;
+    wait_true("the exporter serving GPU 0 again", || {
+        has_gpu_series(&exporter_page(port), 0)
+    })
+    .await?;
     Ok(())
 }
 
