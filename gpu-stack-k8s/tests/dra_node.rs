@@ -331,3 +331,24 @@ async fn a_claim_deleted_while_the_plugin_was_down_gives_its_instance_back() {
         "nothing left to release"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_checkpoint_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SimNodeSpec::uniform("node-c", "H100-SXM5-80GB", 1);
+    let backend: Arc<dyn GpuBackend> = Arc::new(SimulatedBackend::new(&spec).unwrap());
+    let path = dir.path().join("state/checkpoint.json");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    // Sparse: its size is past the bound without the disk to match.
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(1 << 40).unwrap();
+    let Err(err) = NodeDriver::start(config(dir.path()), backend, Allocations::default()).await
+    else {
+        panic!("a 1 TiB checkpoint was accepted");
+    };
+    let message = err.to_string();
+    assert!(
+        message.contains("1099511627776 bytes") && message.contains("move it aside"),
+        "{message}"
+    );
+}

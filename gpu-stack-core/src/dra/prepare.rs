@@ -124,6 +124,12 @@ pub enum CheckpointError {
     /// More claims than any node holds.
     #[error("checkpoint holds {0} claims, more than {MAX_CHECKPOINT_CLAIMS}")]
     TooManyClaims(usize),
+    /// No room for another claim.
+    #[error(
+        "the node already holds {MAX_CHECKPOINT_CLAIMS} prepared claims, the most its checkpoint \
+         records; delete finished pods so their claims are unprepared, then retry"
+    )]
+    Full,
 }
 
 impl Checkpoint {
@@ -150,6 +156,18 @@ impl Checkpoint {
             return Err(CheckpointError::TooManyClaims(c.claims.len()));
         }
         Ok(c)
+    }
+
+    /// Refuses a claim the checkpoint has no room for: a new claim once it
+    /// holds [`MAX_CHECKPOINT_CLAIMS`] (a checkpoint past the bound could
+    /// not be read back at the next start). A claim already recorded always
+    /// fits.
+    pub fn room_for(&self, uid: &str) -> Result<(), CheckpointError> {
+        if self.claims.contains_key(uid) || self.claims.len() < MAX_CHECKPOINT_CLAIMS {
+            Ok(())
+        } else {
+            Err(CheckpointError::Full)
+        }
     }
 
     /// The checkpoint as JSON.

@@ -19,7 +19,8 @@ use gpu_stack_core::cdi::{HostFiles, to_json};
 use gpu_stack_core::dra::cdi::{ClaimCdiDevice, claim_spec, qualified_id};
 use gpu_stack_core::dra::devices::{GpuDevices, PublishGpu, gpu_devices};
 use gpu_stack_core::dra::prepare::{
-    AllocatedDevice, Checkpoint, ClaimEntry, ClaimState, PrepareGpu, plan_claim, pre_r510,
+    AllocatedDevice, Checkpoint, CheckpointError, ClaimEntry, ClaimState, MAX_CHECKPOINT_BYTES,
+    PrepareGpu, plan_claim, pre_r510,
 };
 use gpu_stack_core::mig::{PlacedInstance, ValidateOptions};
 use gpu_stack_nvml::fsutil::{AtomicWriteError, write_atomic};
@@ -168,6 +169,22 @@ fn publish_from(
         .collect()
 }
 
+/// Reads a file of at most `max` bytes; a larger one is refused (as
+/// [`CheckpointError::TooLarge`]) before anything is allocated for it.
+fn read_bounded(path: &std::path::Path, max: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    if len > max {
+        return Err(std::io::Error::other(CheckpointError::TooLarge(len)));
+    }
+    let mut bytes = Vec::with_capacity(len);
+    // A file that grew since is cut one byte past the bound: decoding
+    // refuses it.
+    file.take(max as u64 + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 impl<A: AllocationSource> NodeDriver<A> {
     /// Starts the driver: reads the checkpoint, rolls back claims a restart
     /// interrupted while preparing (destroying any instance they may have
@@ -177,7 +194,7 @@ impl<A: AllocationSource> NodeDriver<A> {
         backend: Arc<dyn GpuBackend>,
         allocations: A,
     ) -> Result<NodeDriver<A>, NodeDriverError> {
-        let mut checkpoint = match std::fs::read(&config.checkpoint) {
+        let mut checkpoint = match read_bounded(&config.checkpoint, MAX_CHECKPOINT_BYTES) {
             Ok(bytes) => Checkpoint::decode(&bytes).map_err(|e| NodeDriverError::Checkpoint {
                 path: config.checkpoint.clone(),
                 message: e.to_string(),
@@ -303,6 +320,10 @@ impl<A: AllocationSource> NodeDriver<A> {
         {
             return Ok(self.wire_devices(entry));
         }
+        state
+            .checkpoint
+            .room_for(&claim.uid)
+            .map_err(|e| e.to_string())?;
         let allocated = self.allocations.allocated(claim).await?;
         let b = self.backend.clone();
         let (snapshots, system) = blocking(move || {

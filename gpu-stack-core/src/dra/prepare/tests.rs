@@ -193,3 +193,27 @@ fn drivers_before_r510_are_recognised() {
     assert!(!pre_r510("570.195.03"));
     assert!(!pre_r510("garbage"));
 }
+
+#[test]
+fn a_full_checkpoint_takes_no_new_claim_and_what_it_takes_reads_back() {
+    let mut c = Checkpoint::new();
+    let entry = ClaimEntry {
+        namespace: "ns".into(),
+        name: "c".into(),
+        state: ClaimState::Prepared,
+        devices: Vec::new(),
+    };
+    for i in 0..MAX_CHECKPOINT_CLAIMS {
+        let uid = format!("uid-{i}");
+        assert!(c.room_for(&uid).is_ok());
+        c.claims.insert(uid, entry.clone());
+    }
+    assert!(matches!(c.room_for("one-more"), Err(CheckpointError::Full)));
+    // A claim already recorded is prepared again without growing it.
+    assert!(c.room_for("uid-7").is_ok());
+    // Everything it took reads back at the next start.
+    assert_eq!(
+        Checkpoint::decode(&c.encode()).unwrap().claims.len(),
+        MAX_CHECKPOINT_CLAIMS
+    );
+}
