@@ -66,6 +66,13 @@ async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respo
 }
 
 async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    if let Some(since) = shared.wedged_for() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("wedged: nothing rendered for {}s", since.as_secs()),
+        )
+            .into_response();
+    }
     if shared.ready.load(Ordering::Acquire) {
         (StatusCode::OK, "OK").into_response()
     } else {

@@ -1,7 +1,7 @@
 //! Sampler threads, the Xid listener, the composer and the ready snapshot.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -51,6 +51,18 @@ struct GpuSlot {
 /// count may make it allocate; the largest systems have 16).
 pub const MAX_GPUS: u32 = 256;
 
+/// Intervals without a rendering after which the exporter counts as wedged.
+pub const WEDGED_AFTER_ROUNDS: u32 = 10;
+/// The shortest time without a rendering that counts as wedged.
+pub const WEDGED_AFTER_AT_LEAST: Duration = Duration::from_secs(60);
+
+/// How long the composer may go without rendering at `interval`.
+fn wedged_after(interval: Duration) -> Duration {
+    interval
+        .saturating_mul(WEDGED_AFTER_ROUNDS)
+        .max(WEDGED_AFTER_AT_LEAST)
+}
+
 /// Rounds a GPU's samples outlive their interval before they count as
 /// stale: a sampler stuck in a call that never returns (a hung GPU) would
 /// otherwise leave its last values on show as if they were current.
@@ -73,6 +85,8 @@ pub(super) struct Shared {
     pub(super) snapshot: RwLock<Arc<Snapshot>>,
     pub(super) metrics: SelfMetrics,
     pub(super) ready: AtomicBool,
+    /// When the composer last rendered ([`Shared::now_ms`]).
+    rendered_at_ms: AtomicU64,
     stop: Mutex<bool>,
     stop_cv: Condvar,
     epoch: Instant,
@@ -92,6 +106,21 @@ impl Shared {
             Ok((guard, _)) => *guard,
             Err(_) => true,
         }
+    }
+
+    /// How long the composer has not rendered, once that is past
+    /// [`WEDGED_AFTER_ROUNDS`] intervals (at least [`WEDGED_AFTER_AT_LEAST`]):
+    /// it renders every interval whatever the GPUs do, so it is stuck and
+    /// `/health` fails for the kubelet to restart the exporter.
+    pub(super) fn wedged_for(&self) -> Option<Duration> {
+        if !self.ready.load(Ordering::Acquire) {
+            return None;
+        }
+        let since = self
+            .now_ms()
+            .saturating_sub(self.rendered_at_ms.load(Ordering::Acquire));
+        let since = Duration::from_millis(since);
+        (since > wedged_after(self.config.interval)).then_some(since)
     }
 
     fn now_ms(&self) -> u64 {
@@ -158,6 +187,7 @@ impl Exporter {
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             metrics,
             ready: AtomicBool::new(false),
+            rendered_at_ms: AtomicU64::new(0),
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
             epoch: Instant::now(),
@@ -538,6 +568,9 @@ fn composer_loop(shared: Arc<Shared>, rx: mpsc::Receiver<()>) {
         if let Ok(mut s) = shared.snapshot.write() {
             *s = Arc::new(snapshot);
         }
+        shared
+            .rendered_at_ms
+            .store(shared.now_ms(), Ordering::Release);
         shared.ready.store(true, Ordering::Release);
         shared
             .metrics
@@ -652,6 +685,19 @@ fn compose(shared: &Shared) -> Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_exporter_is_wedged_after_ten_silent_intervals_and_never_sooner_than_a_minute() {
+        assert_eq!(
+            wedged_after(Duration::from_secs(30)),
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            wedged_after(Duration::from_secs(1)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(wedged_after(Duration::MAX), Duration::MAX);
+    }
 
     #[test]
     fn samples_go_stale_after_three_intervals() {

@@ -10,10 +10,10 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    ExecAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, Namespace, NodeAffinity,
-    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, Service, ServiceAccount,
-    ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    ExecAction, HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, Namespace,
+    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
@@ -1236,7 +1236,26 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                 ..Default::default()
             }]);
         }
-        _ => {}
+        Component::DcgmExporter => {
+            // NVIDIA's probes and timings: `/health` fails until the first
+            // sample is rendered and again once the exporter is wedged.
+            let health = |period| Probe {
+                http_get: Some(HTTPGetAction {
+                    path: Some("/health".into()),
+                    port: IntOrString::Int(EXPORTER_PORT),
+                    scheme: Some("HTTP".into()),
+                    ..Default::default()
+                }),
+                initial_delay_seconds: Some(45),
+                period_seconds: Some(period),
+                failure_threshold: Some(3),
+                success_threshold: Some(1),
+                timeout_seconds: Some(1),
+                ..Default::default()
+            };
+            main.liveness_probe = Some(health(5));
+            main.readiness_probe = Some(health(10));
+        }
     }
     // Every pod carries its volumes: keep only those a container mounts.
     vols.retain(|v| {

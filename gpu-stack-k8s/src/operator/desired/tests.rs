@@ -237,6 +237,35 @@ fn wait_gates_wait_with_the_validator_forever_and_unprivileged() {
 }
 
 #[test]
+fn the_exporter_is_probed_on_health_as_nvidia_renders_it() {
+    let policy = policy_with(serde_json::json!({}));
+    let ctx = render::RenderContext {
+        policy: &policy,
+        namespace: "gpu-operator",
+    };
+    let ds = render::daemonset(&ctx, Component::DcgmExporter, None);
+    let main = &pod_of(&ds).containers[0];
+    for (probe, period) in [(&main.liveness_probe, 5), (&main.readiness_probe, 10)] {
+        let probe = probe.as_ref().expect("a probe");
+        let get = probe.http_get.as_ref().expect("an HTTP probe");
+        assert_eq!(get.path.as_deref(), Some("/health"));
+        assert_eq!(
+            get.port,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(9400)
+        );
+        assert_eq!(
+            (
+                probe.initial_delay_seconds,
+                probe.period_seconds,
+                probe.failure_threshold,
+                probe.timeout_seconds
+            ),
+            (Some(45), Some(period), Some(3), Some(1))
+        );
+    }
+}
+
+#[test]
 fn validator_holds_and_is_ready_while_its_status_files_exist() {
     let policy = policy_with(serde_json::json!({}));
     let ctx = render::RenderContext {
