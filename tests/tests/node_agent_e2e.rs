@@ -162,35 +162,73 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
+/// One kwok node of 2 simulated H100s (`node_extra`: more of its fleet
+/// entry) with `labels`, and the agent of [`start_node_agent`] on it.
+struct AgentRun {
+    cluster: TestCluster,
+    client: Client,
+    names: Vec<String>,
+    node: String,
+    dir: std::path::PathBuf,
+    files: MigFiles,
+    port: u16,
+    agent: AgentProcess,
+}
+
+impl AgentRun {
+    async fn start(tag: &str, labels: &[&str], node_extra: &str) -> Result<Self> {
+        let cluster = TestCluster::attach().await?;
+        let client = cluster.client();
+        let mut fleet = GpuFleet::new(format!("{tag}-{}", unique_suffix()), 1).with_gpus(2);
+        for label in labels {
+            fleet = fleet.with_label(*label, "true");
+        }
+        let names = cluster.create_gpu_nodes(&fleet).await?;
+        let node = names[0].clone();
+        let dir = std::env::temp_dir().join(format!("gpu-stack-node-agent-{}", unique_suffix()));
+        let files = write_mig_files(&dir, &node, 2, node_extra)?;
+        let port = free_port()?;
+        let agent = start_node_agent(&cluster, &node, &files, port)?;
+        Ok(Self {
+            cluster,
+            client,
+            names,
+            node,
+            dir,
+            files,
+            port,
+            agent,
+        })
+    }
+
+    /// Stops the agent with SIGTERM (waiting at most `within`), removes the
+    /// node, and returns `outcome`, or the agent's unclean exit.
+    async fn finish(mut self, outcome: Result<()>, within: Duration) -> Result<()> {
+        let stopped = self.agent.terminate_within(within);
+        self.cluster.delete_nodes(&self.names).await?;
+        if let Err(err) = outcome {
+            return Err(err.context(format!("--- node agent log ---\n{}", self.agent.log_tail())));
+        }
+        ensure!(
+            stopped?.success(),
+            "the node agent did not exit cleanly on SIGTERM:\n{}",
+            self.agent.log_tail()
+        );
+        let _ = std::fs::remove_dir_all(&self.dir);
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn node_agent_runs_each_component_while_its_deploy_label_is_true() -> Result<()> {
-    let cluster = TestCluster::attach().await?;
-    let client = cluster.client();
-    let fleet = GpuFleet::new(format!("agent-{}", unique_suffix()), 1)
-        .with_gpus(2)
-        .with_label(DEPLOY_DP, "true")
-        .with_label(DEPLOY_GFD, "true")
-        .with_label(DEPLOY_EXPORTER, "true")
-        .with_label(DEPLOY_MIG, "true");
-    let names = cluster.create_gpu_nodes(&fleet).await?;
-    let node = names[0].clone();
-    let dir = std::env::temp_dir().join(format!("gpu-stack-node-agent-{}", unique_suffix()));
-    let files = write_mig_files(&dir, &node, 2, "")?;
-    let port = free_port()?;
-    let mut agent = start_node_agent(&cluster, &node, &files, port)?;
-    let outcome = scenario(&client, &node, &files, port, &agent).await;
-    let stopped = agent.terminate();
-    cluster.delete_nodes(&names).await?;
-    if let Err(err) = outcome {
-        return Err(err.context(format!("--- node agent log ---\n{}", agent.log_tail())));
-    }
-    ensure!(
-        stopped?.success(),
-        "the node agent did not exit cleanly on SIGTERM:\n{}",
-        agent.log_tail()
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
+    let run = AgentRun::start(
+        "agent",
+        &[DEPLOY_DP, DEPLOY_GFD, DEPLOY_EXPORTER, DEPLOY_MIG],
+        "",
+    )
+    .await?;
+    let outcome = scenario(&run.client, &run.node, &run.files, run.port, &run.agent).await;
+    run.finish(outcome, Duration::from_secs(10)).await
 }
 
 /// GPU 1 of the node hangs [`HANG_AFTER_MS`] after the simulation starts:
@@ -203,41 +241,16 @@ const HANG_AFTER_MS: u64 = 4_000;
 /// on the hung GPU never hold up the supervisor: a label change for another
 /// component is carried out while they are still stopping, each stuck one
 /// is left behind after the stop deadline, and SIGTERM ends the process
-/// within that deadline.
+/// within that deadline (30 s) and a margin.
 #[tokio::test]
 async fn a_hung_gpu_stalls_only_its_own_series_and_never_the_supervisor() -> Result<()> {
-    let cluster = TestCluster::attach().await?;
-    let client = cluster.client();
-    let fleet = GpuFleet::new(format!("hung-{}", unique_suffix()), 1)
-        .with_gpus(2)
-        .with_label(DEPLOY_DP, "true")
-        .with_label(DEPLOY_GFD, "true")
-        .with_label(DEPLOY_EXPORTER, "true");
-    let names = cluster.create_gpu_nodes(&fleet).await?;
-    let node = names[0].clone();
-    let dir = std::env::temp_dir().join(format!("gpu-stack-node-agent-{}", unique_suffix()));
     let hang = format!(
         "    faults:\n      - gpu: 1\n        at-ms: {HANG_AFTER_MS}\n        \
          fault: {{type: slow-calls, calls: all, delay-ms: 3600000}}\n"
     );
-    let files = write_mig_files(&dir, &node, 2, &hang)?;
-    let port = free_port()?;
-    let mut agent = start_node_agent(&cluster, &node, &files, port)?;
-    let outcome = hung_gpu_scenario(&client, &node, port, &agent).await;
-    // Within the stop deadline (30 s) and a margin, though components are
-    // stuck in calls on the hung GPU.
-    let stopped = agent.terminate_within(Duration::from_secs(45));
-    cluster.delete_nodes(&names).await?;
-    if let Err(err) = outcome {
-        return Err(err.context(format!("--- node agent log ---\n{}", agent.log_tail())));
-    }
-    ensure!(
-        stopped?.success(),
-        "the node agent did not exit cleanly on SIGTERM:\n{}",
-        agent.log_tail()
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
+    let run = AgentRun::start("hung", &[DEPLOY_DP, DEPLOY_GFD, DEPLOY_EXPORTER], &hang).await?;
+    let outcome = hung_gpu_scenario(&run.client, &run.node, run.port, &run.agent).await;
+    run.finish(outcome, Duration::from_secs(45)).await
 }
 
 /// The exporter's page (empty if it cannot be read).
