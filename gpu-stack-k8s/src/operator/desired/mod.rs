@@ -611,8 +611,8 @@ pub fn desired_state_with(
     // Objects of refused NVIDIADrivers, kept as they are.
     let mut kept: Vec<&Object> = Vec::new();
     if let Some(plan) = &drivers_plan {
-        objects.push(render::service_account(&ctx, Component::Driver));
-        objects.extend(render::rbac(&ctx, Component::Driver));
+        objects.push(render::rbac::service_account(&ctx, Component::Driver));
+        objects.extend(render::rbac::rbac(&ctx, Component::Driver));
         for (d, rollout) in live.iter().zip(&plan.drivers) {
             if rollout.accepted() {
                 for pool in &rollout.plan.pools {
@@ -637,8 +637,8 @@ pub fn desired_state_with(
             }
             continue;
         }
-        objects.push(render::service_account(&ctx, c));
-        objects.extend(render::rbac(&ctx, c));
+        objects.push(render::rbac::service_account(&ctx, c));
+        objects.extend(render::rbac::rbac(&ctx, c));
         if c == Component::Driver {
             for pool in &driver.pools {
                 objects.push(render::daemonset(&ctx, c, Some(pool)));

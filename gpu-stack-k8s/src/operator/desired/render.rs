@@ -1,9 +1,14 @@
 //! Rendering of the objects the operator owns: namespace, service accounts,
 //! RBAC, RuntimeClass, ConfigMaps and one DaemonSet per enabled component
 //! (per driver pool for the driver).
+//!
+//! Here: the namespace, RuntimeClass, ConfigMaps, the exporter's Service and
+//! the DaemonSets. In `render/`: `rbac` (each component's ServiceAccount,
+//! ClusterRole and binding), `gates` (the init containers that gate a
+//! component's start) and `node_agent` (the combined node agent's objects).
 use std::collections::BTreeMap;
 
-use gpu_stack_core::operator::components::{Component, Gate, VALIDATIONS_DIR};
+use gpu_stack_core::operator::components::{Component, VALIDATIONS_DIR};
 use gpu_stack_core::operator::driver::{DriverPool, KernelModuleType};
 use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
@@ -12,11 +17,10 @@ use k8s_openapi::api::core::v1::{
     Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
     ExecAction, HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, Namespace,
     NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
-    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, Service,
-    ServiceAccount, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, Service, ServicePort,
+    ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -29,7 +33,9 @@ use crate::operator::clusterpolicy::{
 use crate::operator::nvidiadriver::NvidiaDriver;
 use gpu_stack_core::operator::nvidiadriver::OWNER_LABEL;
 
+pub mod gates;
 mod node_agent;
+pub mod rbac;
 pub use node_agent::{NODE_AGENT_COMPONENT, NODE_AGENT_NAME, node_agent_objects};
 
 /// The key of the mig-parted file in its ConfigMap.
@@ -131,141 +137,6 @@ pub fn runtime_class(ctx: &RenderContext) -> Object {
         handler: name.clone(),
         ..Default::default()
     })
-}
-
-/// Service account name of a component.
-pub fn service_account_name(c: Component) -> String {
-    match c {
-        Component::Driver => "nvidia-driver".into(),
-        Component::ContainerToolkit => "nvidia-container-toolkit".into(),
-        Component::OperatorValidator => "nvidia-operator-validator".into(),
-        Component::DevicePlugin => "nvidia-device-plugin".into(),
-        Component::GpuFeatureDiscovery => "nvidia-gpu-feature-discovery".into(),
-        Component::DcgmExporter => "nvidia-dcgm-exporter".into(),
-        Component::MigManager => "nvidia-mig-manager".into(),
-        Component::NodeStatusExporter => "nvidia-node-status-exporter".into(),
-        Component::DraPlugin => "nvidia-dra-driver-gpu-kubelet-plugin".into(),
-    }
-}
-
-/// A service account.
-pub fn service_account(ctx: &RenderContext, c: Component) -> Object {
-    Object::ServiceAccount(ServiceAccount {
-        metadata: ctx.meta(&service_account_name(c), true, Some(c)),
-        ..Default::default()
-    })
-}
-
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    let v = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    PolicyRule {
-        api_groups: Some(v(groups)),
-        resources: Some(v(resources)),
-        verbs: v(verbs),
-        ..Default::default()
-    }
-}
-
-/// The API access a component needs (empty for components that need none).
-pub fn rbac_rules(spec: &ClusterPolicySpec, c: Component) -> Vec<PolicyRule> {
-    match c {
-        Component::Driver => vec![
-            rule(
-                &[""],
-                &["nodes"],
-                &["get", "list", "watch", "patch", "update"],
-            ),
-            rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
-            rule(&[""], &["pods/eviction"], &["create"]),
-            rule(&["apps"], &["daemonsets"], &["get", "list", "watch"]),
-        ],
-        Component::OperatorValidator => vec![
-            rule(&[""], &["nodes"], &["get", "list", "watch"]),
-            // On a DRA node the plugin check counts the published devices.
-            rule(&["resource.k8s.io"], &["resourceslices"], &["list"]),
-            rule(
-                &[""],
-                &["pods"],
-                &["get", "list", "watch", "create", "delete"],
-            ),
-        ],
-        Component::DevicePlugin | Component::DcgmExporter => {
-            vec![rule(&[""], &["nodes"], &["get", "list", "watch"])]
-        }
-        Component::GpuFeatureDiscovery => {
-            vec![rule(
-                &[""],
-                &["nodes"],
-                &["get", "list", "watch", "patch", "update"],
-            )]
-        }
-        Component::MigManager => vec![
-            rule(
-                &[""],
-                &["nodes"],
-                &["get", "list", "watch", "patch", "update"],
-            ),
-            rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
-            // Outcome Events regarding its Node (recorded in "default").
-            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
-        ],
-        // The plugin reads its Node (the MIG manager's ownership labels),
-        // publishes its ResourceSlices by server-side apply (listed by field
-        // selector, stale ones deleted), and reads the claims it prepares.
-        Component::DraPlugin => vec![
-            rule(&[""], &["nodes"], &["get"]),
-            rule(
-                &["resource.k8s.io"],
-                &["resourceslices"],
-                &[
-                    "get", "list", "watch", "create", "update", "patch", "delete",
-                ],
-            ),
-            rule(
-                &["resource.k8s.io"],
-                &["resourceclaims"],
-                &["get", "list", "watch"],
-            ),
-        ],
-        // gpu-stack's agent watches its Node and its DaemonSet to tell a
-        // removal from a restart at SIGTERM (NVIDIA's needs none).
-        Component::ContainerToolkit if spec.toolkit_is_gpu_stack() => vec![
-            rule(&[""], &["nodes"], &["get", "list", "watch"]),
-            rule(&[""], &["pods"], &["get"]),
-            rule(&["apps"], &["daemonsets"], &["get", "list", "watch"]),
-        ],
-        Component::ContainerToolkit | Component::NodeStatusExporter => Vec::new(),
-    }
-}
-
-/// ClusterRole and binding of a component, if it needs API access.
-pub fn rbac(ctx: &RenderContext, c: Component) -> Vec<Object> {
-    let rules = rbac_rules(ctx.spec(), c);
-    if rules.is_empty() {
-        return Vec::new();
-    }
-    let name = service_account_name(c);
-    vec![
-        Object::ClusterRole(ClusterRole {
-            metadata: ctx.meta(&name, false, Some(c)),
-            rules: Some(rules),
-            ..Default::default()
-        }),
-        Object::ClusterRoleBinding(ClusterRoleBinding {
-            metadata: ctx.meta(&name, false, Some(c)),
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "ClusterRole".into(),
-                name: name.clone(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name,
-                namespace: Some(ctx.namespace.to_string()),
-                ..Default::default()
-            }]),
-        }),
-    ]
 }
 
 /// NVIDIA's name, port name and port of the exporter's Service, which
@@ -453,189 +324,6 @@ fn toolkit_socket(spec: &ClusterPolicySpec) -> String {
 /// Well-known node label carrying the node name; used to keep refused nodes
 /// out of a driver pool.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
-
-/// The init containers of a component's gates, in order. Consecutive
-/// checks run as one container (`gpu-stack validator --component
-/// driver,toolkit,...` runs them in that order, writing each status file as
-/// its check passes), so the validator pod has one init container where
-/// NVIDIA's has four: the node contract (status files and their order) is the
-/// same, and each container costs the control plane about 1.5 KB per pod.
-fn gate_containers(ctx: &RenderContext, gates: &[Gate]) -> Vec<Container> {
-    let mut out = Vec::new();
-    let mut checks: Vec<Gate> = Vec::new();
-    for gate in gates {
-        if gate.validator_component().is_some() {
-            checks.push(*gate);
-            continue;
-        }
-        if !checks.is_empty() {
-            out.push(check_container(ctx, &std::mem::take(&mut checks)));
-        }
-        out.push(wait_container(ctx, *gate));
-    }
-    if !checks.is_empty() {
-        out.push(check_container(ctx, &checks));
-    }
-    out
-}
-
-/// One init container running the validator's checks of `gates` in order:
-/// named `<gate>-validation` for one check, `<a>-<b>-...-validation` for several.
-fn check_container(ctx: &RenderContext, gates: &[Gate]) -> Container {
-    let validator = ctx.spec().image_settings(Component::OperatorValidator);
-    let components: Vec<&str> = gates
-        .iter()
-        .filter_map(|g| g.validator_component())
-        .collect();
-    let has = |gate: Gate| gates.contains(&gate);
-    let mut mounts = vec![mount(
-        VALIDATIONS_VOLUME,
-        VALIDATIONS_DIR,
-        false,
-        Some("Bidirectional"),
-    )];
-    if has(Gate::DriverValidation) {
-        mounts.push(mount(
-            DRIVER_ROOT_VOLUME,
-            "/run/nvidia/driver",
-            false,
-            Some("HostToContainer"),
-        ));
-    }
-    // NVIDIA's driver validation links the device nodes into the host's
-    // /dev/char, unless `validator.driver.env` switches it off.
-    let dev_char = has(Gate::DriverValidation) && ctx.spec().dev_char_links_wanted();
-    if dev_char {
-        mounts.push(mount(HOST_DEV_CHAR_VOLUME, HOST_DEV_CHAR_DIR, false, None));
-    }
-    // The image's entrypoint is `gpu-stack`; the checks are its `validator`
-    // subcommand, told what to check by flags rather than NVIDIA's COMPONENT
-    // and WITH_WAIT variables (a flag is a few bytes of one `args` field).
-    let mut args: Vec<String> = vec![
-        "validator".into(),
-        "--component".into(),
-        components.join(","),
-        "--wait".into(),
-    ];
-    if dev_char {
-        args.extend(["--dev-char-dir".into(), HOST_DEV_CHAR_DIR.into()]);
-    }
-    let toolkit = has(Gate::ToolkitValidation);
-    if toolkit && ctx.spec().enablement().toolkit && ctx.spec().toolkit_is_gpu_stack() {
-        // gpu-stack's agent: check the CDI spec it wrote and the runtime's
-        // effective configuration, through the host root.
-        args.extend([
-            "--host-root".into(),
-            "/host".into(),
-            "--toolkit-cri-socket".into(),
-            toolkit_socket(ctx.spec()),
-            "--toolkit-cdi-spec".into(),
-            format!("/var/run/cdi/{}", crate::deviceplugin::cdi::SPEC_FILE),
-            "--toolkit-runtime-class".into(),
-            ctx.spec().runtime_class(),
-        ]);
-    }
-    if toolkit && !ctx.spec().enablement().toolkit {
-        // No toolkit DaemonSet: the toolkit is pre-installed, or the runtime
-        // injects devices through CDI by itself (containerd 1.7+, CRI-O).
-        // Either leaves a trace on the host, seen through the host root.
-        for trace in PREINSTALLED_TOOLKIT_TRACES {
-            args.push("--toolkit-evidence".into());
-            args.push(format!("/host{trace}"));
-        }
-    }
-    if has(Gate::PluginValidation) && plugin_workload_runs(ctx) {
-        args.extend([
-            "--plugin-workload-image".into(),
-            validator.image.clone(),
-            "--plugin-workload-namespace".into(),
-            ctx.namespace.to_string(),
-        ]);
-        for secret in &validator.pull_secrets {
-            args.extend(["--plugin-workload-pull-secret".into(), secret.clone()]);
-        }
-    }
-    let toolkit_on_host =
-        toolkit && (!ctx.spec().enablement().toolkit || ctx.spec().toolkit_is_gpu_stack());
-    if has(Gate::DriverValidation) || toolkit_on_host {
-        mounts.push(mount(
-            HOST_ROOT_VOLUME,
-            "/host",
-            true,
-            Some("HostToContainer"),
-        ));
-    }
-    let mut vars = vec![node_name_env()];
-    // `validator.env` reaches every check, as NVIDIA's does (the checks read
-    // the GPUs, so the backend settings live there).
-    with_user_env(&mut vars, ctx.spec(), Component::OperatorValidator);
-    Container {
-        name: format!("{}-validation", components.join("-")),
-        image: Some(validator.image),
-        image_pull_policy: Some(validator.pull_policy),
-        args: Some(args),
-        env: Some(vars),
-        volume_mounts: Some(mounts),
-        security_context: privileged(),
-        ..Default::default()
-    }
-}
-
-/// Whether the plugin check runs its workload pod: unless the policy says
-/// `WITH_WORKLOAD=false` (NVIDIA's `validator.plugin.env`), and where the
-/// device plugin names its devices through CDI, the path by which a pod
-/// without a RuntimeClass gets them. With `envvar` or `volume-mounts` only
-/// a runtime shim injects devices, for pods that ask for its RuntimeClass.
-fn plugin_workload_runs(ctx: &RenderContext) -> bool {
-    let plugin_env = component_env(ctx, Component::DevicePlugin, None);
-    let cdi_strategy = plugin_env
-        .iter()
-        .find(|e| e.name == "DEVICE_LIST_STRATEGY")
-        .and_then(|e| e.value.as_deref())
-        .is_some_and(|v| v.split(',').any(|s| s.trim().starts_with("cdi-")));
-    cdi_strategy && ctx.spec().plugin_workload_wanted()
-}
-
-/// A wait-only gate: it reads the status files the privileged validator
-/// writes. An unprivileged container may not use Bidirectional propagation,
-/// so it sees the host directory read-only with HostToContainer propagation
-/// (as NVIDIA's toolkit-validation does). The image has no shell: the wait
-/// is the validator's own `--wait-only` mode, which needs no GPU, API access
-/// or privileges.
-fn wait_container(ctx: &RenderContext, gate: Gate) -> Container {
-    let validator = ctx.spec().image_settings(Component::OperatorValidator);
-    Container {
-        name: gate.container_name().into(),
-        image: Some(validator.image),
-        image_pull_policy: Some(validator.pull_policy),
-        args: Some(wait_only_args(gate.status_component(), "never")),
-        volume_mounts: Some(vec![mount(
-            VALIDATIONS_VOLUME,
-            VALIDATIONS_DIR,
-            true,
-            Some("HostToContainer"),
-        )]),
-        ..Default::default()
-    }
-}
-
-/// Arguments of `gpu-stack validator --wait-only` for the status files of
-/// `component` (a validator `--component` value), polling every 5 s like
-/// NVIDIA's `until [ -f ... ]; do sleep 5; done`.
-fn wait_only_args(component: &str, timeout: &str) -> Vec<String> {
-    [
-        "validator",
-        "--wait-only",
-        "--component",
-        component,
-        "--timeout",
-        timeout,
-        "--poll-interval-ms",
-        "5000",
-    ]
-    .map(String::from)
-    .to_vec()
-}
 
 fn tolerations(spec: &ClusterPolicySpec) -> Vec<Toleration> {
     match spec
@@ -1080,7 +768,7 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
         }
     }
     let (mut vols, mounts) = volumes(ctx, c);
-    let mut init = gate_containers(ctx, c.gates());
+    let mut init = gates::gate_containers(ctx, c.gates());
     let mut main = Container {
         name: c
             .daemonset_name()
@@ -1205,7 +893,7 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                 .filter_map(|g| g.validator_component())
                 .collect();
             let mut probe = vec![GPU_STACK_BIN.to_string()];
-            probe.extend(wait_only_args(&checked.join(","), "0"));
+            probe.extend(gates::wait_only_args(&checked.join(","), "0"));
             main.readiness_probe = Some(Probe {
                 exec: Some(ExecAction {
                     command: Some(probe),
@@ -1338,11 +1026,11 @@ pub fn daemonset(ctx: &RenderContext, c: Component, pool: Option<&DriverPool>) -
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    service_account_name: Some(service_account_name(c)),
+                    service_account_name: Some(rbac::service_account_name(c)),
                     // A component that needs no API access (NVIDIA's toolkit)
                     // gets no token: nothing to steal from its pod, and about
                     // 600 bytes less of it for the control plane to store.
-                    automount_service_account_token: rbac_rules(spec, c)
+                    automount_service_account_token: rbac::rbac_rules(spec, c)
                         .is_empty()
                         .then_some(false),
                     node_selector: Some(node_selector),

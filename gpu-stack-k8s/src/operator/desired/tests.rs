@@ -489,7 +489,7 @@ fn a_gpu_stack_toolkit_image_runs_the_cdi_native_agent() {
     // The agent's role lets it tell a removal from a restart, with the
     // token its pod is given.
     assert_eq!(pod.automount_service_account_token, None);
-    let rules = render::rbac_rules(&policy.spec, Component::ContainerToolkit);
+    let rules = render::rbac::rbac_rules(&policy.spec, Component::ContainerToolkit);
     assert!(
         rules
             .iter()
@@ -516,7 +516,7 @@ fn nvidias_toolkit_image_keeps_nvidias_toolkit_contract() {
     let env: Vec<&str> = main.env.iter().flatten().map(|e| e.name.as_str()).collect();
     assert!(env.contains(&"TOOLKIT_INSTALL_DIR") && env.contains(&"CDI_ENABLED"));
     assert!(
-        render::rbac_rules(&policy.spec, Component::ContainerToolkit).is_empty(),
+        render::rbac::rbac_rules(&policy.spec, Component::ContainerToolkit).is_empty(),
         "NVIDIA's toolkit needs no API access"
     );
     // So its pod gets no token.

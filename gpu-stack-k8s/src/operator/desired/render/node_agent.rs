@@ -25,10 +25,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 
-use super::{
-    COMPONENT_LABEL, RenderContext, daemonset, gate_containers, merge_env, privileged, rbac_rules,
-    section_resources,
-};
+use super::gates::gate_containers;
+use super::rbac::rbac_rules;
+use super::{COMPONENT_LABEL, RenderContext, daemonset, merge_env, privileged, section_resources};
 use crate::operator::cluster::object::Object;
 
 /// Name of the node agent's DaemonSet, ServiceAccount and ClusterRole (and
