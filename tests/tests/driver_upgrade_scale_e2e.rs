@@ -49,7 +49,8 @@ use gpu_stack_e2e::upgrade::{
     unschedulable,
 };
 use gpu_stack_e2e::{GpuFleet, KWOK_ANNOTATION, TestCluster, wait_for};
-use gpu_stack_k8s::operator::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
+use gpu_stack_k8s::operator::clusterpolicy::ClusterPolicy;
+use gpu_stack_k8s::operator::clusterpolicy::status::DriverUpgradeStatus;
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};

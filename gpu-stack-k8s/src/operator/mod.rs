@@ -60,7 +60,7 @@ use gpu_stack_core::operator::labels::LabelPatch;
 use serde::Serialize;
 
 use crate::operator::cluster::{Cluster, ClusterError, Object, ObjectKey};
-use crate::operator::clusterpolicy::{ClusterPolicyStatus, Condition};
+use crate::operator::clusterpolicy::status::{ClusterPolicyStatus, Condition};
 use crate::operator::desired::{
     Options, active_policy, carry_condition_times, carry_times, ignored_status, is_deleting,
 };

@@ -32,7 +32,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Cluster, ClusterError, Object, ObjectKey};
-use crate::operator::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
+use crate::operator::clusterpolicy::ClusterPolicy;
+use crate::operator::clusterpolicy::status::ClusterPolicyStatus;
 use crate::operator::controller::node_writes::NodeWriteFence;
 use crate::operator::controller::watches::{Caches, WatchedNode, policies_in};
 use crate::operator::migconfig::{MigConfig, MigConfigStatus};

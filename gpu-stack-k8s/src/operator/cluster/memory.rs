@@ -24,7 +24,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use super::object::{Object, ObjectKey};
 use super::selector::{label_selector_matches, pod_fits_node};
 use super::{Cluster, ClusterError, NodeEvent};
-use crate::operator::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
+use crate::operator::clusterpolicy::ClusterPolicy;
+use crate::operator::clusterpolicy::status::ClusterPolicyStatus;
 use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 

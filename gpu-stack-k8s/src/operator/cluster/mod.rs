@@ -13,7 +13,8 @@ use std::future::Future;
 use gpu_stack_core::operator::labels::LabelPatch;
 use k8s_openapi::api::core::v1::Node;
 
-use crate::operator::clusterpolicy::{ClusterPolicy, ClusterPolicyStatus};
+use crate::operator::clusterpolicy::ClusterPolicy;
+use crate::operator::clusterpolicy::status::ClusterPolicyStatus;
 use crate::operator::desired::NodeMeta;
 use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};

@@ -25,9 +25,8 @@ use serde::Serialize;
 
 use crate::operator::cluster::object::{HASH_ANNOTATION, Object, ObjectKey};
 use crate::operator::cluster::selector::{pod_selects_node, pod_tolerates_taints};
-use crate::operator::clusterpolicy::{
-    ClusterPolicy, ClusterPolicyStatus, Condition, DEFAULT_NAMESPACE, RefusedNode, state,
-};
+use crate::operator::clusterpolicy::status::{ClusterPolicyStatus, Condition, RefusedNode, state};
+use crate::operator::clusterpolicy::{ClusterPolicy, DEFAULT_NAMESPACE};
 use crate::operator::migconfig::{MigConfig, MigConfigStatus};
 use crate::operator::nvidiadriver::{NvidiaDriver, NvidiaDriverStatus};
 

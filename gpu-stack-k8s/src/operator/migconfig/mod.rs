@@ -21,7 +21,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::operator::clusterpolicy::Condition;
+use crate::operator::clusterpolicy::status::Condition;
 
 pub mod demand;
 

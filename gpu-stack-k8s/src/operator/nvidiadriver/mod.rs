@@ -26,8 +26,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::operator::clusterpolicy::{Condition, EnvVar, Extra, Resources, Toleration};
+use crate::operator::clusterpolicy::status::Condition;
 pub use crate::operator::clusterpolicy::{ContainerProbeSpec, DriverManagerSpec};
+use crate::operator::clusterpolicy::{EnvVar, Extra, Resources, Toleration};
 
 /// The image NVIDIA's CRD defaults `spec.image` to (a full path: with no
 /// `repository`, it is used as is).

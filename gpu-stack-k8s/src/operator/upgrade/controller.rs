@@ -28,7 +28,8 @@ use super::observe::{
 use super::watches::UpgradeStores;
 use super::{FIELD_MANAGER, UpgradeError, upgrade_status};
 use crate::clock::unix_seconds;
-use crate::operator::clusterpolicy::{ClusterPolicy, DriverUpgradeStatus};
+use crate::operator::clusterpolicy::ClusterPolicy;
+use crate::operator::clusterpolicy::status::DriverUpgradeStatus;
 use crate::operator::controller::control_loop::{Batching, LoopPass, run_loop};
 use crate::operator::controller::events::{Announced, Decision, EventPublisher, Severity};
 use crate::operator::controller::node_writes::NodeWriteFence;

@@ -44,7 +44,7 @@ use gpu_stack_core::operator::upgrade::pass::{StuckNode, UpgradePlan};
 use gpu_stack_core::operator::upgrade::policy::UpgradePolicyError;
 use gpu_stack_core::operator::upgrade::state::UpgradeState;
 
-use crate::operator::clusterpolicy::{Condition, DriverUpgradeStatus, StuckUpgradeNode};
+use crate::operator::clusterpolicy::status::{Condition, DriverUpgradeStatus, StuckUpgradeNode};
 use crate::operator::controller::watches::CacheError;
 use observe::ObserveError;
 
