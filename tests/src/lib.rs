@@ -235,6 +235,25 @@ pub async fn nodes_with_prefix(client: &Client, prefix: &str) -> Vec<String> {
     }
 }
 
+/// The whole answer to a plain HTTP `GET path` from `addr` (`host:port` on
+/// loopback), or an empty string when there is none within 5 s.
+pub async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let get = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await.ok()?;
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer).await;
+        Some(answer)
+    };
+    tokio::time::timeout(Duration::from_secs(5), get)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
 /// `line` without its terminal colour codes (`ESC [ ... m`), as agents'
 /// logs carry them.
 pub fn strip_ansi(line: &str) -> String {

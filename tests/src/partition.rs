@@ -110,6 +110,8 @@ impl Drop for Partition {
 async fn accept(listener: TcpListener, upstream: SocketAddr, cut: watch::Receiver<bool>) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
+            // Out of descriptors and the like: wait rather than spin.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         };
         tokio::spawn(relay(client, upstream, cut.clone()));

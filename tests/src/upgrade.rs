@@ -110,17 +110,7 @@ impl OperatorProcess {
 
     /// The whole HTTP answer to `GET path` (empty if there is none).
     pub async fn page(&self, path: &str) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let Ok(mut stream) = tokio::net::TcpStream::connect(&self.listen).await else {
-            return String::new();
-        };
-        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        if stream.write_all(req.as_bytes()).await.is_err() {
-            return String::new();
-        }
-        let mut body = String::new();
-        let _ = stream.read_to_string(&mut body).await;
-        body
+        crate::http_get(&self.listen, path).await
     }
 
     /// Whether the process is still running.

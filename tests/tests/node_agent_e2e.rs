@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use gpu_stack_e2e::binaries::{AgentProcess, workspace_binary};
 use gpu_stack_e2e::migmanager::{MigFiles, mig_assert, write_mig_files};
-use gpu_stack_e2e::{GpuFleet, TestCluster, unique_suffix, wait_for};
+use gpu_stack_e2e::{GpuFleet, TestCluster, http_get, unique_suffix, wait_for};
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
@@ -253,20 +253,14 @@ async fn a_hung_gpu_stalls_only_its_own_series_and_never_the_supervisor() -> Res
     run.finish(outcome, Duration::from_secs(45)).await
 }
 
-/// The exporter's page (empty if it cannot be read).
-fn exporter_page(port: u16) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = TcpStream::connect_timeout(
-        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_millis(500),
-    ) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
+/// Waits until the exporter's `/metrics` page satisfies `holds`.
+async fn wait_page(port: u16, what: &str, holds: impl Fn(&str) -> bool) -> Result<()> {
+    let addr = format!("127.0.0.1:{port}");
+    wait_for(what, LONG, || async {
+        Ok(holds(&http_get(&addr, "/metrics").await).then_some(()))
+    })
+    .await?;
+    Ok(())
 }
 
 /// Whether the page holds a temperature series of GPU `gpu`.
@@ -281,15 +275,13 @@ async fn hung_gpu_scenario(
     port: u16,
     agent: &AgentProcess,
 ) -> Result<()> {
-    wait_true("both GPUs' series", || {
-        let page = exporter_page(port);
-        has_gpu_series(&page, 0) && has_gpu_series(&page, 1)
+    wait_page(port, "both GPUs' series", |page| {
+        has_gpu_series(page, 0) && has_gpu_series(page, 1)
     })
     .await?;
     // GPU 1 hangs: its series go stale and are dropped; GPU 0's stay.
-    wait_true("GPU 1's series dropped, GPU 0's served", || {
-        let page = exporter_page(port);
-        has_gpu_series(&page, 0) && !has_gpu_series(&page, 1)
+    wait_page(port, "GPU 1's series dropped, GPU 0's served", |page| {
+        has_gpu_series(page, 0) && !has_gpu_series(page, 1)
     })
     .await?;
     // GFD reads every GPU each pass, so it is stuck in a call on GPU 1 by
@@ -320,8 +312,8 @@ async fn hung_gpu_scenario(
     // The supervisor still follows the labels: the exporter comes back
     // (serving GPU 0) though GFD's thread is still stuck.
     label_node(client, node, DEPLOY_EXPORTER, "true").await?;
-    wait_true("the exporter serving GPU 0 again", || {
-        has_gpu_series(&exporter_page(port), 0)
+    wait_page(port, "the exporter serving GPU 0 again", |page| {
+        has_gpu_series(page, 0)
     })
     .await?;
     Ok(())

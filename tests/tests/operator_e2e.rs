@@ -21,7 +21,8 @@ use gpu_stack_e2e::chart::{
 };
 use gpu_stack_e2e::upgrade::{force_delete_policy, parse_api_requests};
 use gpu_stack_e2e::{
-    E2eError, GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, unique_suffix, wait_for,
+    E2eError, GpuFleet, NFD_NVIDIA_PCI_LABEL, TestCluster, fake_gpu_node, http_get, unique_suffix,
+    wait_for,
 };
 use gpu_stack_k8s::operator::cluster::object::{MANAGED_BY, MANAGED_BY_LABEL};
 use gpu_stack_k8s::operator::cluster::selector::pod_selects_node;
@@ -90,26 +91,16 @@ impl Drop for Replica {
     }
 }
 
-/// Reads one metric value from a replica (plain HTTP over loopback).
 /// The replica's `/metrics` page (empty if it cannot be read).
 async fn metrics_page(replica: &Replica) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let url = replica.metrics.trim_start_matches("http://");
     let Some((addr, path)) = url.split_once('/') else {
         return String::new();
     };
-    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-        return String::new();
-    };
-    let req = format!("GET /{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    if stream.write_all(req.as_bytes()).await.is_err() {
-        return String::new();
-    }
-    let mut body = String::new();
-    let _ = stream.read_to_string(&mut body).await;
-    body
+    http_get(addr, &format!("/{path}")).await
 }
 
+/// One metric value of a replica.
 async fn metric(replica: &Replica, name: &str) -> Option<f64> {
     metrics_page(replica)
         .await
